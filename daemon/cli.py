@@ -1,0 +1,186 @@
+"""The ``rolloutd`` command: serve | status | submit | demo | model-server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from daemon.client import DEFAULT_URL, Client, RolloutdError
+
+
+class CliError(Exception):
+    """A message for the user; the command exits 2."""
+
+
+def _add_client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default=None, help=f"daemon URL (default $ROLLOUTD_URL or {DEFAULT_URL})")
+    p.add_argument("--token-file", default=None, help="bearer token file (default $ROLLOUTD_TOKEN_FILE)")
+
+
+def _client(args: argparse.Namespace) -> Client:
+    import os
+
+    return Client(args.url or os.environ.get("ROLLOUTD_URL") or DEFAULT_URL, token_file=args.token_file)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rolloutd", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the daemon")
+    serve.add_argument("--config", type=Path, help="TOML settings file")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--state-dir", type=Path)
+    serve.add_argument("--sandbox-backend", choices=["bwrap", "apptainer", "local"])
+    serve.add_argument("--embedded-model", action="store_true", default=None,
+                       help="serve the embedded SmolLM2-135M on CPU as an LLM backend")
+    serve.add_argument("--backend", action="append", default=None, metavar="URL",
+                       help="a vLLM-compatible server URL (repeatable)")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+
+    status = sub.add_parser("status", help="show the daemon's stages, backends and sandboxes")
+    _add_client_args(status)
+    status.add_argument("--federation", action="store_true", help="show the federation member table")
+    status.add_argument("--json", action="store_true", help="print the raw JSON")
+
+    submit = sub.add_parser("submit", help="submit tasks from a JSONL file and collect results")
+    _add_client_args(submit)
+    submit.add_argument("tasks", type=Path, help="JSONL, one task per line")
+    submit.add_argument("--n", type=int, default=1, help="samples per task")
+    submit.add_argument("--out", type=Path, help="write trajectories here (JSONL)")
+    submit.add_argument("--timeout-s", type=float, default=None)
+    submit.add_argument("--max-turns", type=int, default=None)
+
+    demo = sub.add_parser("demo", help="run a real rollout demo on the embedded default")
+    demo.add_argument("--out", type=Path, default=Path("trajectories.jsonl"))
+    demo.add_argument("--state-dir", type=Path, default=None)
+
+    ms = sub.add_parser("model-server", help="serve the embedded model with vLLM's completions API")
+    ms.add_argument("--host", default="127.0.0.1")
+    ms.add_argument("--port", type=int, default=8400)
+    ms.add_argument("--backend", default="transformers", choices=["transformers", "scripted"],
+                    help="scripted is a test double for tests and benchmarks")
+    return parser
+
+
+def read_tasks(path: Path) -> list[dict[str, Any]]:
+    """Tasks from JSONL; a malformed line is an error naming the file and line number."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror}") from None
+    tasks = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            task = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CliError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+        if not isinstance(task, dict) or not isinstance(task.get("kind"), str):
+            raise CliError(f"{path}:{lineno}: a task must be a JSON object with a string 'kind'")
+        tasks.append(task)
+    if not tasks:
+        raise CliError(f"{path}: no tasks")
+    return tasks
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import trio
+
+    from daemon.config import ConfigError, load_settings
+    from daemon.logs import setup_logging
+    from daemon.node import run
+
+    overrides = {
+        "host": args.host,
+        "port": args.port,
+        "state_dir": args.state_dir,
+        "sandbox_backend": args.sandbox_backend,
+        "embedded_model": args.embedded_model,
+        "log_level": args.log_level,
+    }
+    if args.backend:
+        overrides["backends"] = [{"kind": "vllm", "url": u} for u in args.backend]
+    try:
+        settings = load_settings(args.config, overrides=overrides)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+    setup_logging(settings.log_level)
+    trio.run(run, settings)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from daemon.render import print_federation, print_status
+
+    with _client(args) as c:
+        st = c.status()
+    if args.json:
+        print(json.dumps(st, indent=2))
+    elif args.federation:
+        print_federation(st)
+    else:
+        print_status(st)
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from daemon.render import submit_with_progress
+
+    tasks = read_tasks(args.tasks)
+    options: dict[str, Any] = {"timeout_s": args.timeout_s}
+    if args.max_turns is not None:
+        options["limits"] = {"max_turns": args.max_turns}
+    with _client(args) as c:
+        submit_with_progress(c, tasks, n=args.n, out=args.out, options=options)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from daemon.demo import main as demo_main
+
+    return demo_main(out=args.out, state_dir=args.state_dir)
+
+
+def cmd_model_server(args: argparse.Namespace) -> int:
+    import trio
+
+    from daemon.llm.model_server import serve_model_server
+    from daemon.logs import setup_logging
+
+    setup_logging("info")
+    trio.run(lambda: serve_model_server(host=args.host, port=args.port, backend=args.backend))
+    return 0
+
+
+COMMANDS = {
+    "serve": cmd_serve,
+    "status": cmd_status,
+    "submit": cmd_submit,
+    "demo": cmd_demo,
+    "model-server": cmd_model_server,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except CliError as exc:
+        print(f"rolloutd {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except RolloutdError as exc:
+        print(f"rolloutd {args.command}: the daemon said {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""Python clients for trainers: ``Client`` (blocking) and ``AsyncClient`` (trio or asyncio).
+
+    from daemon.client import Client
+    with Client("http://127.0.0.1:8321") as c:
+        trajs = c.run({"kind": "math", "question": "1+1?", "answer": "2"}, n=4)
+
+Errors from the server raise ``RolloutdError`` with its HTTP status, type and message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+
+from daemon.trajectory import Trajectory
+
+DEFAULT_URL = "http://127.0.0.1:8321"
+#: Generous: a wait=true request lasts as long as its rollouts.
+DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None)
+
+
+class RolloutdError(Exception):
+    """The daemon answered with an error (or could not be reached: status 0)."""
+
+    def __init__(self, status: int, type: str, message: str) -> None:
+        super().__init__(f"{status} {type}: {message}")
+        self.status = status
+        self.type = type
+        self.message = message
+
+
+@dataclass
+class Submission:
+    group_id: str
+    ids: list[str]
+    replayed: bool = False
+
+
+def _token(token: str | None, token_file: str | os.PathLike[str] | None) -> str | None:
+    if token:
+        return token
+    path = token_file or os.environ.get("ROLLOUTD_TOKEN_FILE")
+    if path:
+        return Path(path).read_text().strip()
+    return os.environ.get("ROLLOUTD_TOKEN") or None
+
+
+def _headers(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _submit_body(task: Mapping[str, Any], n: int, options: Mapping[str, Any]) -> dict[str, Any]:
+    body: dict[str, Any] = {"task": dict(task), "n": n}
+    body.update({k: v for k, v in options.items() if v is not None})
+    return body
+
+
+def _check(resp: httpx.Response) -> Any:
+    if resp.is_success:
+        return resp.json()
+    try:
+        err = resp.json()["error"]
+        raise RolloutdError(resp.status_code, err.get("type", "error"), err.get("message", ""))
+    except (ValueError, KeyError, TypeError):
+        raise RolloutdError(resp.status_code, "http_error", resp.text[:500]) from None
+
+
+def _submission(data: Mapping[str, Any]) -> Submission:
+    return Submission(data["group_id"], list(data["ids"]), bool(data.get("replayed", False)))
+
+
+def _unreachable(exc: httpx.HTTPError) -> RolloutdError:
+    return RolloutdError(0, "unreachable", f"{type(exc).__name__}: {exc}")
+
+
+class Client:
+    """Blocking client."""
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        token: str | None = None,
+        token_file: str | os.PathLike[str] | None = None,
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._http = httpx.Client(
+            base_url=url, headers=_headers(_token(token, token_file)), timeout=timeout, transport=transport
+        )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            return _check(self._http.request(method, path, **kwargs))
+        except httpx.HTTPError as exc:
+            raise _unreachable(exc) from exc
+
+    def submit(self, task: Mapping[str, Any], *, n: int = 1, **options: Any) -> Submission:
+        """Queue ``n`` samples of a task; options are RolloutRequest fields (sampling, limits, ...)."""
+        return _submission(self._call("POST", "/v1/rollouts", json=_submit_body(task, n, options)))
+
+    def get(self, rollout_id: str) -> Trajectory:
+        return Trajectory.model_validate(self._call("GET", f"/v1/rollouts/{rollout_id}"))
+
+    def cancel(self, rollout_id: str) -> str:
+        return str(self._call("DELETE", f"/v1/rollouts/{rollout_id}")["status"])
+
+    def status(self) -> dict[str, Any]:
+        return dict(self._call("GET", "/v1/status"))
+
+    def stream(self, ids: Sequence[str]) -> Iterator[Trajectory]:
+        """Trajectories as they finish."""
+        try:
+            with self._http.stream("GET", "/v1/rollouts/stream", params={"ids": ",".join(ids)}) as resp:
+                if not resp.is_success:
+                    resp.read()
+                    _check(resp)
+                for line in resp.iter_lines():
+                    if line.strip():
+                        yield Trajectory.model_validate(json.loads(line))
+        except httpx.HTTPError as exc:
+            raise _unreachable(exc) from exc
+
+    def wait(self, ids: Sequence[str]) -> list[Trajectory]:
+        """Every trajectory, in the order of ``ids``."""
+        done = {t.id: t for t in self.stream(ids)}
+        return [done[i] for i in ids]
+
+    def run(self, task: Mapping[str, Any], *, n: int = 1, **options: Any) -> list[Trajectory]:
+        """Submit and wait."""
+        return self.wait(self.submit(task, n=n, **options).ids)
+
+
+class AsyncClient:
+    """Async client (httpx picks trio or asyncio automatically)."""
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        token: str | None = None,
+        token_file: str | os.PathLike[str] | None = None,
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._http = httpx.AsyncClient(
+            base_url=url, headers=_headers(_token(token, token_file)), timeout=timeout, transport=transport
+        )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            return _check(await self._http.request(method, path, **kwargs))
+        except httpx.HTTPError as exc:
+            raise _unreachable(exc) from exc
+
+    async def submit(self, task: Mapping[str, Any], *, n: int = 1, **options: Any) -> Submission:
+        return _submission(await self._call("POST", "/v1/rollouts", json=_submit_body(task, n, options)))
+
+    async def get(self, rollout_id: str) -> Trajectory:
+        return Trajectory.model_validate(await self._call("GET", f"/v1/rollouts/{rollout_id}"))
+
+    async def cancel(self, rollout_id: str) -> str:
+        return str((await self._call("DELETE", f"/v1/rollouts/{rollout_id}"))["status"])
+
+    async def status(self) -> dict[str, Any]:
+        return dict(await self._call("GET", "/v1/status"))
+
+    async def stream(self, ids: Sequence[str]) -> AsyncIterator[Trajectory]:
+        try:
+            async with self._http.stream(
+                "GET", "/v1/rollouts/stream", params={"ids": ",".join(ids)}
+            ) as resp:
+                if not resp.is_success:
+                    await resp.aread()
+                    _check(resp)
+                async for line in resp.aiter_lines():
+                    if line.strip():
+                        yield Trajectory.model_validate(json.loads(line))
+        except httpx.HTTPError as exc:
+            raise _unreachable(exc) from exc
+
+    async def wait(self, ids: Sequence[str]) -> list[Trajectory]:
+        done = {t.id: t async for t in self.stream(ids)}
+        return [done[i] for i in ids]
+
+    async def run(self, task: Mapping[str, Any], *, n: int = 1, **options: Any) -> list[Trajectory]:
+        return await self.wait((await self.submit(task, n=n, **options)).ids)

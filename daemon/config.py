@@ -1,0 +1,209 @@
+"""Settings: one frozen, validated object from a TOML file and ROLLOUTD_* environment variables.
+
+Precedence: defaults < TOML file < environment < explicit overrides (CLI flags). Every key is
+checked: an unknown key in the file or an unknown ``ROLLOUTD_*`` variable is an error that
+names the key and where it came from. Units are part of the names (``timeout_s``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENV_PREFIX = "ROLLOUTD_"
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message says which key and where."""
+
+
+def _default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "rolloutd"
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rolloutd"
+
+
+class Settings(BaseModel):
+    """Everything the daemon can be told. Frozen: components read it, never change it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # --- HTTP ---
+    host: str = "127.0.0.1"
+    port: int = Field(8321, ge=0, le=65535)
+    token_file: Path | None = None
+    token: str | None = Field(None, repr=False)
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+
+    # --- identity and state ---
+    node_id: str | None = None
+    state_dir: Path = Field(default_factory=_default_state_dir)
+    cache_dir: Path = Field(default_factory=_default_cache_dir)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    # --- pipeline ---
+    n_init: int = Field(8, ge=1, le=4096)
+    n_run: int = Field(32, ge=1, le=16384)
+    n_eval: int = Field(8, ge=1, le=4096)
+    queue_size: int = Field(4096, ge=1)
+    default_timeout_s: float = Field(600.0, gt=0)
+    max_timeout_s: float = Field(24 * 3600.0, gt=0)
+    max_samples_per_request: int = Field(1024, ge=1)
+
+    # --- results ---
+    result_ttl_s: float = Field(3600.0, gt=0)
+    max_results: int = Field(100_000, ge=1)
+
+    # --- shutdown ---
+    drain_timeout_s: float = Field(30.0, ge=0)
+
+    # --- sandboxes ---
+    sandbox_backend: Literal["bwrap", "apptainer", "local"] = "bwrap"
+    sandbox_pool_size: int = Field(0, ge=0)
+    sandbox_memory_mb: int | None = Field(2048, ge=16)
+    sandbox_pids_max: int | None = Field(512, ge=8)
+    sandbox_cpu_cores: float | None = Field(None, gt=0)
+    sandbox_lifetime_buffer_s: float = Field(120.0, ge=0)
+    apptainer_binary: str | None = None
+    image_cache_dir: Path | None = None
+
+    # --- LLM ---
+    embedded_model: bool = False
+    backends: list[dict[str, Any]] = Field(default_factory=list)
+    health_interval_s: float = Field(5.0, gt=0)
+    llm_request_timeout_s: float = Field(600.0, gt=0)
+
+    # --- federation ---
+    seeds: list[str] = Field(default_factory=list)
+    advertise_url: str | None = None
+    gossip_interval_s: float = Field(1.0, gt=0)
+    slurm_seeds: bool = False
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _split_seeds(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [s.strip() for s in value.split(",") if s.strip()]
+        return value
+
+    @property
+    def is_loopback(self) -> bool:
+        return self.host in {"127.0.0.1", "::1", "localhost"} or self.host.startswith("127.")
+
+    def read_token(self) -> str | None:
+        """The bearer token, from ``token`` or ``token_file`` (which must not be group/world readable)."""
+        if self.token:
+            return self.token
+        if self.token_file is None:
+            return None
+        try:
+            mode = self.token_file.stat().st_mode
+            text = self.token_file.read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"token_file {self.token_file}: {exc.strerror}") from None
+        if mode & 0o077:
+            raise ConfigError(
+                f"token_file {self.token_file} is readable by others (mode {mode & 0o777:o}); "
+                "chmod 600 it"
+            )
+        if not text:
+            raise ConfigError(f"token_file {self.token_file} is empty")
+        return text
+
+
+_FIELDS = Settings.model_fields
+
+
+def _parse_env_value(key: str, raw: str) -> Any:
+    annotation = str(_FIELDS[key].annotation)
+    if key == "backends" or (raw[:1] in "[{" and "list" in annotation):
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{ENV_PREFIX}{key.upper()}: not valid JSON ({exc.msg})") from None
+    if "bool" in annotation:
+        if raw.lower() in {"1", "true", "yes", "on"}:
+            return True
+        if raw.lower() in {"0", "false", "no", "off", ""}:
+            return False
+    if raw == "" and "None" in annotation:
+        return None
+    return raw
+
+
+def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        key = name[len(ENV_PREFIX) :].lower()
+        if key not in _FIELDS:
+            raise ConfigError(f"unknown setting {name} in the environment")
+        values[key] = _parse_env_value(key, raw)
+    return values
+
+
+def _from_file(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    for key in data:
+        if key not in _FIELDS:
+            raise ConfigError(f"unknown setting {key!r} in {path}")
+    return data
+
+
+def _describe(exc: ValidationError, sources: Mapping[str, str]) -> str:
+    lines = []
+    for err in exc.errors():
+        key = str(err["loc"][0]) if err["loc"] else "?"
+        where = sources.get(key, "defaults")
+        lines.append(f"{key} (from {where}): {err['msg']}")
+    return "invalid settings: " + "; ".join(lines)
+
+
+def load_settings(
+    path: Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Build the Settings; raise ConfigError with a message naming the bad key and its source."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    if path is not None:
+        for key, value in _from_file(path).items():
+            values[key], sources[key] = value, str(path)
+    for key, value in _from_env(environ).items():
+        values[key], sources[key] = value, f"environment {ENV_PREFIX}{key.upper()}"
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key not in _FIELDS:
+            raise ConfigError(f"unknown setting {key!r} on the command line")
+        values[key], sources[key] = value, "command line"
+    try:
+        settings = Settings(**values)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, sources)) from None
+    if not settings.is_loopback and settings.read_token() is None:
+        raise ConfigError(
+            f"binding {settings.host} (not loopback) requires a token: set token_file "
+            f"or {ENV_PREFIX}TOKEN_FILE"
+        )
+    return settings

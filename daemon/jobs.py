@@ -1,0 +1,325 @@
+"""A rollout job: its state machine, its pausable deadline, and the store of results.
+
+A job is one sample of one task. Its ``Budget`` counts only time spent working in a stage
+(INIT, RUN, EVAL); time waiting in a queue or for the next stage's capacity does not count.
+A job reaches exactly one terminal status, once; ``finish`` is idempotent, so a cancel that
+races a worker cannot produce two outcomes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from daemon.trajectory import ErrorInfo, Stage, Status, Trajectory
+
+if TYPE_CHECKING:
+    from daemon.llm.base import SamplingParams
+    from daemon.tasks.base import TaskHandler
+    from sandbox import Sandbox
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+class Budget:
+    """A deadline that only runs while a stage works on the job."""
+
+    def __init__(self, total_s: float) -> None:
+        self.total_s = total_s
+        self._spent = 0.0
+        self._since: float | None = None
+
+    def resume(self) -> None:
+        if self._since is None:
+            self._since = trio.current_time()
+
+    def pause(self) -> None:
+        if self._since is not None:
+            self._spent += trio.current_time() - self._since
+            self._since = None
+
+    @property
+    def spent(self) -> float:
+        running = trio.current_time() - self._since if self._since is not None else 0.0
+        return self._spent + running
+
+    def remaining(self) -> float:
+        return max(0.0, self.total_s - self.spent)
+
+
+@dataclass
+class JobRequest:
+    """What was asked for one sample: the task and how to run it."""
+
+    task: dict[str, Any]
+    handler: TaskHandler
+    timeout_s: float
+    sampling: SamplingParams | None = None
+    limits: dict[str, Any] | None = None
+    priority: int = 0
+    labels: list[str] = field(default_factory=list)
+
+
+class Job:
+    """One rollout in flight or finished."""
+
+    def __init__(self, request: JobRequest, *, job_id: str, group_id: str, sample_index: int) -> None:
+        self.id = job_id
+        self.request = request
+        self.budget = Budget(request.timeout_s)
+        self.trajectory = Trajectory(
+            id=job_id,
+            group_id=group_id,
+            task_id=str(request.task.get("id")) if request.task.get("id") is not None else None,
+            sample_index=sample_index,
+            labels=list(request.labels),
+        )
+        self.sandbox: Sandbox | None = None
+        self.final_answer: str | None = None
+        self.cancel_requested = False
+        self.stage_scope: trio.CancelScope | None = None
+        self.done = trio.Event()
+        self.submitted_at = trio.current_time()
+        self.wall_submitted = time.time()
+        self.finished_at: float | None = None
+        self._listeners: list[Callable[[Job], None]] = []
+
+    @property
+    def status(self) -> Status:
+        return self.trajectory.status
+
+    @property
+    def group_id(self) -> str:
+        return self.trajectory.group_id or self.id
+
+    def add_listener(self, fn: Callable[[Job], None]) -> None:
+        """Call ``fn(job)`` once the job is terminal (at once if it already is)."""
+        if self.done.is_set():
+            fn(self)
+        else:
+            self._listeners.append(fn)
+
+    def set_stage(self, status: Status) -> None:
+        self.trajectory.status = status
+
+    def finish(
+        self,
+        status: Status,
+        *,
+        error: ErrorInfo | None = None,
+        usable: bool | None = None,
+    ) -> bool:
+        """Move to a terminal status. Returns False (and changes nothing) if already terminal."""
+        if self.done.is_set():
+            return False
+        traj = self.trajectory
+        traj.status = status
+        if error is not None:
+            traj.error = error
+        if usable is None:
+            usable = status is Status.completed
+        traj.usable = usable
+        self.finished_at = trio.current_time()
+        traj.timing.total_s = self.finished_at - self.submitted_at
+        self.done.set()
+        listeners, self._listeners = self._listeners, []
+        for fn in listeners:
+            fn(self)
+        return True
+
+    def cancel(self) -> None:
+        """Ask for cancellation; the owner of the current stage finishes the job."""
+        self.cancel_requested = True
+        if self.stage_scope is not None:
+            self.stage_scope.cancel()
+
+    def summary(self) -> dict[str, Any]:
+        t = self.trajectory
+        return {
+            "id": t.id,
+            "group_id": t.group_id,
+            "task_id": t.task_id,
+            "status": t.status.value,
+            "usable": t.usable,
+            "reward": t.reward,
+            "error": t.error.model_dump() if t.error else None,
+        }
+
+
+class QueueFull(Exception):
+    """The intake queue has no room; the API answers 429."""
+
+
+class QueueClosed(Exception):
+    """The intake queue no longer accepts jobs (the daemon is draining)."""
+
+
+class JobQueue:
+    """A bounded priority queue of jobs (higher priority first, FIFO within a priority).
+
+    Unlike a memory channel it lets a queued job be withdrawn when it is cancelled, so a
+    cancelled job never holds a slot.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._heap: list[tuple[int, int, Job]] = []
+        self._counter = itertools.count()
+        self._removed: set[str] = set()
+        self._size = 0
+        self._closed = False
+        self._lot = trio.lowlevel.ParkingLot()
+
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def free(self) -> int:
+        return max(0, self.capacity - self._size)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def put_many_nowait(self, jobs: list[Job]) -> None:
+        """All or nothing: either every job is queued or QueueFull/QueueClosed is raised."""
+        if self._closed:
+            raise QueueClosed
+        if self._size + len(jobs) > self.capacity:
+            raise QueueFull
+        for job in jobs:
+            heapq.heappush(self._heap, (-job.request.priority, next(self._counter), job))
+            self._size += 1
+        self._lot.unpark(count=len(jobs))
+
+    def remove(self, job: Job) -> bool:
+        """Withdraw a queued job. Returns True if it was still queued."""
+        if any(j is job for _, _, j in self._heap) and job.id not in self._removed:
+            self._removed.add(job.id)
+            self._size -= 1
+            return True
+        return False
+
+    def close(self) -> None:
+        self._closed = True
+        self._lot.unpark_all()
+
+    def drain_nowait(self) -> list[Job]:
+        """Take every queued job out (used when the daemon drains)."""
+        jobs = [j for _, _, j in self._heap if j.id not in self._removed]
+        self._heap.clear()
+        self._removed.clear()
+        self._size = 0
+        return jobs
+
+    async def get(self) -> Job:
+        """The next job; raises trio.EndOfChannel once closed and empty."""
+        while True:
+            while self._heap:
+                _, _, job = heapq.heappop(self._heap)
+                if job.id in self._removed:
+                    self._removed.discard(job.id)
+                    continue
+                self._size -= 1
+                await trio.lowlevel.checkpoint()
+                return job
+            if self._closed:
+                raise trio.EndOfChannel
+            await self._lot.park()
+
+
+class ResultStore:
+    """Every job the daemon knows, finished ones kept until their TTL or the size bound."""
+
+    def __init__(self, *, ttl_s: float, max_results: int) -> None:
+        self.ttl_s = ttl_s
+        self.max_results = max_results
+        self._jobs: dict[str, Job] = {}
+        self._finished: OrderedDict[str, float] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __iter__(self) -> Iterator[Job]:
+        return iter(list(self._jobs.values()))
+
+    def add(self, job: Job) -> None:
+        self._jobs[job.id] = job
+        job.add_listener(self._on_finished)
+
+    def get(self, job_id: str) -> Job | None:
+        self.expire()
+        return self._jobs.get(job_id)
+
+    def _on_finished(self, job: Job) -> None:
+        self._finished[job.id] = trio.current_time()
+        self.expire()
+
+    def expire(self) -> None:
+        now = trio.current_time()
+        while self._finished:
+            job_id, at = next(iter(self._finished.items()))
+            if now - at < self.ttl_s and len(self._finished) <= self.max_results:
+                break
+            self._finished.popitem(last=False)
+            self._jobs.pop(job_id, None)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for job in self._jobs.values():
+            out[job.status.value] = out.get(job.status.value, 0) + 1
+        return out
+
+
+class StageStats:
+    """Counters and recent durations of one pipeline stage."""
+
+    WINDOW = 2048
+
+    def __init__(self, name: Stage, workers: int) -> None:
+        self.name = name
+        self.workers = workers
+        self.in_flight = 0
+        self.finished = 0
+        self.failed = 0
+        self._durations: list[float] = []
+
+    def record(self, duration_s: float, *, ok: bool) -> None:
+        self.finished += 1
+        if not ok:
+            self.failed += 1
+        self._durations.append(duration_s)
+        if len(self._durations) > self.WINDOW:
+            del self._durations[: len(self._durations) - self.WINDOW]
+
+    def percentiles(self) -> dict[str, float | None]:
+        data = sorted(self._durations)
+        if not data:
+            return {"p50_s": None, "p95_s": None, "p99_s": None}
+
+        def pick(q: float) -> float:
+            return data[min(len(data) - 1, math.ceil(q * len(data)) - 1)]
+
+        return {"p50_s": pick(0.50), "p95_s": pick(0.95), "p99_s": pick(0.99)}
+
+    def snapshot(self, queued: int) -> dict[str, Any]:
+        return {
+            "workers": self.workers,
+            "queued": queued,
+            "in_flight": self.in_flight,
+            "free": max(0, self.workers - self.in_flight),
+            "finished": self.finished,
+            "failed": self.failed,
+            **self.percentiles(),
+        }

@@ -1,0 +1,1 @@
+"""LLM backends, token rendering, tool-call parsing and routing."""

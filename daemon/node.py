@@ -1,0 +1,288 @@
+"""The root of a daemon: opens the nursery tree, wires the parts, and drains on SIGTERM.
+
+    Node.run
+    ├─ SandboxSupervisor   every live sandbox; orphans of earlier boots swept at start
+    ├─ BackendPool         LLM backends: health checks, routing, pause/resume
+    ├─ Pipeline            INIT / RUN / EVAL worker pools
+    ├─ Federation          gossip with peers (when seeds are configured)
+    ├─ signal watcher      SIGTERM / SIGINT -> drain
+    └─ HTTP server         hypercorn serving the quart-trio app
+
+Drain: readiness turns 503 and intake stops; queued jobs end ``cancelled``; in-flight jobs
+get ``drain_timeout_s`` to finish, then are cancelled; sandboxes are torn down; exit 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.trio import serve
+
+from daemon.config import Settings
+from daemon.jobs import Job, new_id
+from daemon.metrics import Metrics
+from daemon.pipeline import Pipeline, Services
+from daemon.service import RolloutRequest, RolloutService, Submitted
+from daemon.tasks.registry import TaskRegistry
+
+if TYPE_CHECKING:
+    from daemon.llm.chat import ChatRenderer
+    from daemon.llm.pool import BackendPool
+    from federation import Federation
+    from sandbox import SandboxSupervisor
+
+log = logging.getLogger(__name__)
+
+#: After the drain deadline, how long cancelled jobs get to unwind before we stop waiting.
+CANCEL_GRACE_S = 10.0
+
+
+class Node:
+    """One daemon. Construct it, then ``await nursery.start(node.run)``."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        services: Services | None = None,
+        registry: TaskRegistry | None = None,
+    ) -> None:
+        self.settings = settings
+        self.token = settings.read_token()
+        self.boot_id = new_id("boot")
+        self.started_at = time.time()
+        self.node_id = settings.node_id or f"{socket.gethostname()}:{settings.port}"
+        self._build_services = services is None
+        self.services = services or Services()
+        self.registry = registry or TaskRegistry.default()
+        self.pipeline = Pipeline(settings, self.services)
+        self.service = RolloutService(settings, self.pipeline, self.registry)
+        self.metrics = Metrics(self.status)
+        self.federation: Federation | None = None
+        self.urls: list[str] = []
+        self.ready = False
+        self.draining = False
+        self._stop = trio.Event()
+        self._http_done = trio.Event()
+        self._renderer: ChatRenderer | None = None
+        self._renderer_lock = trio.Lock()
+
+    # ---- parts ----------------------------------------------------------------------
+
+    @property
+    def pool(self) -> BackendPool | None:
+        return self.services.pool
+
+    @property
+    def supervisor(self) -> SandboxSupervisor | None:
+        return self.services.supervisor
+
+    # ---- operations the API calls ------------------------------------------------------
+
+    def submit(self, req: RolloutRequest) -> Submitted:
+        sub = self.service.submit(req)
+        if not sub.replayed:
+            for job in sub.jobs:
+                job.add_listener(self.metrics.observe_job)
+        return sub
+
+    def lookup(self, job_id: str) -> Job:
+        return self.service.get(job_id)
+
+    async def cancel(self, job_id: str) -> Job:
+        job = self.service.cancel(job_id)
+        await trio.lowlevel.checkpoint()
+        return job
+
+    async def add_backend(self, spec: dict[str, Any]) -> str:
+        from daemon.llm.pool import make_backend
+
+        if self.pool is None:
+            from daemon.service import ServiceError
+
+            raise ServiceError("this daemon has no LLM backend pool")
+        backend_id = spec.pop("id", None)
+        try:
+            backend = make_backend(spec)
+        except (ValueError, KeyError, TypeError) as exc:
+            from daemon.service import ServiceError
+
+            raise ServiceError(f"bad backend spec: {exc}") from None
+        return self.pool.add(backend, backend_id=backend_id)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "node_id": self.node_id,
+            "boot_id": self.boot_id,
+            "uptime_s": round(time.time() - self.started_at, 3),
+            "ready": self.ready,
+            "draining": self.draining,
+            "urls": self.urls,
+            "pipeline": self.pipeline.statistics(),
+            "rollouts": {"submitted": self.service.submitted_total, **self.service.store.counts()},
+            "sandboxes": self.supervisor.statistics() if self.supervisor else None,
+            "backends": (
+                {"policy_version": self.pool.policy_version, "backends": self.pool.describe()}
+                if self.pool
+                else None
+            ),
+            "federation": {"members": self.federation.members()} if self.federation else None,
+        }
+
+    def capacity(self) -> dict[str, Any]:
+        """What federation peers are told about this node."""
+        healthy = sum(1 for b in self.pool.describe() if b.get("healthy")) if self.pool else 0
+        return {
+            "free_slots": self.pipeline.free_capacity(),
+            "queued": len(self.pipeline.intake),
+            "in_flight": self.pipeline.live,
+            "healthy_backends": healthy,
+            "draining": self.draining,
+        }
+
+    def metrics_text(self) -> tuple[bytes, str]:
+        return self.metrics.render()
+
+    def request_stop(self) -> None:
+        """Begin the drain (what SIGTERM does)."""
+        self._stop.set()
+
+    async def renderer(self) -> ChatRenderer:
+        """The chat renderer for the served model, loaded once (off the event loop)."""
+        async with self._renderer_lock:
+            if self._renderer is None:
+                from daemon.llm.chat import ChatRenderer, load_embedded_tokenizer
+
+                tok = await trio.to_thread.run_sync(load_embedded_tokenizer)
+                self._renderer = ChatRenderer.for_tokenizer(tok)
+            return self._renderer
+
+    # ---- lifetime --------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
+        settings = self.settings
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        async with trio.open_nursery() as nursery:
+            if self._build_services:
+                await self._start_services(nursery)
+            if self.services.renderer is None:
+                self.services.renderer = self.renderer
+            await nursery.start(self.pipeline.run)
+            if settings.seeds or settings.slurm_seeds:
+                await self._start_federation(nursery)
+            nursery.start_soon(self._watch_signals, name="signals")
+            http_stop = trio.Event()
+            self.urls = await nursery.start(self._serve_http, http_stop.wait)
+            self.ready = True
+            log.info("rolloutd %s ready on %s", self.node_id, ", ".join(self.urls))
+            task_status.started(self)
+
+            await self._stop.wait()
+            await self._drain()
+            http_stop.set()
+            # Give hypercorn a moment to finish open responses, then end everything else
+            # (the supervisor tears down any sandbox still alive, shielded and bounded).
+            with trio.move_on_after(3):
+                await self._http_done.wait()
+            nursery.cancel_scope.cancel()
+        log.info("rolloutd %s stopped", self.node_id)
+
+    async def _drain(self) -> None:
+        log.info("draining: %d jobs live, up to %.1fs", self.pipeline.live, self.settings.drain_timeout_s)
+        self.ready = False
+        self.draining = True
+        self.service.draining = True
+        self.pipeline.stop_intake()
+        self.pipeline.cancel_queued()
+        with trio.move_on_after(self.settings.drain_timeout_s):
+            await self.pipeline.wait_idle()
+        if self.pipeline.live:
+            log.warning("drain deadline reached: cancelling %d jobs", self.pipeline.live)
+            self.pipeline.cancel_all()
+            with trio.move_on_after(CANCEL_GRACE_S):
+                await self.pipeline.wait_idle()
+
+    async def _watch_signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("received %s", signal.Signals(signum).name)
+                self.request_stop()
+
+    async def _serve_http(
+        self, shutdown: Any, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        from daemon.api import create_app
+
+        config = HyperConfig()
+        host = self.settings.host
+        config.bind = [f"[{host}]:{self.settings.port}" if ":" in host else f"{host}:{self.settings.port}"]
+        config.accesslog = None
+        config.errorlog = logging.getLogger("hypercorn.error")
+        config.graceful_timeout = 2.0
+        config.keep_alive_timeout = 75.0
+        app = create_app(self)
+        try:
+            await serve(app, config, shutdown_trigger=shutdown, task_status=task_status)  # type: ignore[arg-type]
+        finally:
+            self._http_done.set()
+
+    async def _start_services(self, nursery: trio.Nursery) -> None:
+        from daemon.llm.pool import BackendPool, make_backend
+        from sandbox import SandboxSupervisor
+
+        s = self.settings
+        supervisor = SandboxSupervisor(
+            default_backend=s.sandbox_backend,
+            state_dir=s.state_dir / "sandboxes",
+            boot_id=self.boot_id,
+            **self._sandbox_options(),
+        )
+        await nursery.start(supervisor.run)
+        self.services.supervisor = supervisor
+        pool = BackendPool(health_interval_s=s.health_interval_s, request_timeout_s=s.llm_request_timeout_s)
+        await nursery.start(pool.run)
+        if s.embedded_model:
+            pool.add(make_backend({"kind": "transformers"}), backend_id="embedded")
+        for spec in s.backends:
+            spec = dict(spec)
+            pool.add(make_backend(spec), backend_id=spec.pop("id", None))
+        self.services.pool = pool
+
+    def _sandbox_options(self) -> dict[str, Any]:
+        s = self.settings
+        options: dict[str, Any] = {}
+        if s.apptainer_binary:
+            options["apptainer_binary"] = s.apptainer_binary
+        if s.image_cache_dir:
+            options["image_cache_dir"] = s.image_cache_dir
+        return options
+
+    async def _start_federation(self, nursery: trio.Nursery) -> None:
+        from federation import Federation, slurm_seeds
+
+        seeds = list(self.settings.seeds)
+        if self.settings.slurm_seeds:
+            seeds += await slurm_seeds(self.settings.port)
+        url = self.settings.advertise_url or f"http://{socket.gethostname()}:{self.settings.port}"
+        self.federation = Federation(
+            self.node_id,
+            url,
+            seeds=seeds,
+            capacity=self.capacity,
+            token=self.token,
+            gossip_interval_s=self.settings.gossip_interval_s,
+        )
+        await nursery.start(self.federation.run)
+
+
+async def run(settings: Settings) -> None:
+    """trio.run entry point: serve until SIGTERM/SIGINT, then drain and return."""
+    node = Node(settings)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(node.run)

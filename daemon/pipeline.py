@@ -1,0 +1,343 @@
+"""The INIT / RUN / EVAL pipeline: three independent worker pools joined by bounded channels.
+
+    intake (JobQueue, bounded) -> INIT x n_init -> run channel -> RUN x n_run
+                                -> eval channel -> EVAL x n_eval -> result store
+
+Each stage works on a job under ``trio.fail_after(job.budget.remaining())``; the budget is
+paused while the job waits, so a job's ``timeout_s`` is a budget for work, not for waiting.
+Channels between stages hold at most one job per downstream worker: when RUN is full, INIT
+stops pulling from the intake, and when the intake is full the API answers 429.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from daemon.jobs import Job, JobQueue, StageStats
+from daemon.tasks.base import EvalContext
+from daemon.trajectory import ErrorInfo, Stage, Status
+
+if TYPE_CHECKING:
+    from daemon.config import Settings
+    from daemon.llm.chat import ChatRenderer
+    from daemon.llm.pool import BackendPool
+    from sandbox import Sandbox, SandboxSpec, SandboxSupervisor
+
+log = logging.getLogger(__name__)
+
+#: How long a sandbox teardown may take before we stop waiting for it.
+RELEASE_TIMEOUT_S = 15.0
+
+
+class PipelineError(Exception):
+    """A job cannot run because a part the daemon needs for it is missing."""
+
+
+@dataclass
+class Services:
+    """The parts a stage may need; absent parts fail the jobs that need them, clearly."""
+
+    supervisor: SandboxSupervisor | None = None
+    pool: BackendPool | None = None
+    renderer: Callable[[], Awaitable[ChatRenderer]] | None = None
+
+
+class Pipeline:
+    def __init__(self, settings: Settings, services: Services) -> None:
+        self.settings = settings
+        self.services = services
+        self.intake = JobQueue(settings.queue_size)
+        self.stats = {
+            Stage.init: StageStats(Stage.init, settings.n_init),
+            Stage.run: StageStats(Stage.run, settings.n_run),
+            Stage.eval: StageStats(Stage.eval, settings.n_eval),
+        }
+        self._run_send, self._run_recv = trio.open_memory_channel[Job](settings.n_run)
+        self._eval_send, self._eval_recv = trio.open_memory_channel[Job](settings.n_eval)
+        self._live: set[Job] = set()
+        self._idle = trio.Event()
+        self._idle.set()
+
+    # ---- public API -------------------------------------------------------------------
+
+    def submit(self, jobs: list[Job]) -> None:
+        """Queue jobs, all or none; raises QueueFull or QueueClosed."""
+        self.intake.put_many_nowait(jobs)
+        for job in jobs:
+            self._track(job)
+
+    def cancel(self, job: Job) -> None:
+        """Cancel a job in any state; what it holds is released by whoever holds it."""
+        if job.done.is_set():
+            return
+        job.cancel()
+        if self.intake.remove(job):
+            self._finish(job, Status.cancelled, stage=Stage.queue, etype="cancelled",
+                         message="cancelled while queued")
+
+    @property
+    def live(self) -> int:
+        return len(self._live)
+
+    async def wait_idle(self) -> None:
+        """Return once no job is queued or in flight."""
+        await self._idle.wait()
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "queued": len(self.intake),
+            "queue_capacity": self.intake.capacity,
+            "accepting": not self.intake.closed,
+            "live_jobs": len(self._live),
+            "stages": {
+                "init": self.stats[Stage.init].snapshot(len(self.intake)),
+                "run": self.stats[Stage.run].snapshot(self._run_recv.statistics().current_buffer_used),
+                "eval": self.stats[Stage.eval].snapshot(
+                    self._eval_recv.statistics().current_buffer_used
+                ),
+            },
+        }
+
+    def free_capacity(self) -> int:
+        """Jobs that could start work now without queueing behind others."""
+        busy = len(self._live)
+        total = self.settings.n_init + self.settings.n_run + self.settings.n_eval
+        return max(0, total - busy) if not self.intake.closed else 0
+
+    def stop_intake(self) -> None:
+        self.intake.close()
+
+    def cancel_queued(self) -> None:
+        for job in self.intake.drain_nowait():
+            job.cancel()
+            self._finish(job, Status.cancelled, stage=Stage.queue, etype="cancelled",
+                         message="the daemon is shutting down")
+
+    def cancel_all(self) -> None:
+        self.cancel_queued()
+        for job in list(self._live):
+            job.cancel()
+
+    # ---- the stages -----------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                for i in range(self.settings.n_init):
+                    nursery.start_soon(self._init_worker, name=f"init-{i}")
+                for i in range(self.settings.n_run):
+                    nursery.start_soon(self._run_worker, self._run_recv.clone(), name=f"run-{i}")
+                for i in range(self.settings.n_eval):
+                    nursery.start_soon(self._eval_worker, self._eval_recv.clone(), name=f"eval-{i}")
+                task_status.started()
+        finally:
+            # Whatever is still live when the pipeline is torn down ends cancelled.
+            with trio.move_on_after(RELEASE_TIMEOUT_S, shield=True):
+                for job in list(self._live):
+                    self._finish(job, Status.cancelled, stage=_stage_of(job),
+                                 etype="cancelled", message="the daemon stopped")
+                    await self._release(job)
+
+    async def _init_worker(self) -> None:
+        while True:
+            try:
+                job = await self.intake.get()
+            except trio.EndOfChannel:
+                return
+            if await self._stage(job, Stage.init, self._do_init):
+                await self._run_send.send(job)
+
+    async def _run_worker(self, recv: trio.MemoryReceiveChannel[Job]) -> None:
+        async with recv:
+            async for job in recv:
+                if await self._stage(job, Stage.run, self._do_run):
+                    await self._eval_send.send(job)
+
+    async def _eval_worker(self, recv: trio.MemoryReceiveChannel[Job]) -> None:
+        async with recv:
+            async for job in recv:
+                if await self._stage(job, Stage.eval, self._do_eval):
+                    self._finish(job, Status.completed)
+                await self._release(job)
+
+    async def _stage(self, job: Job, stage: Stage, work: Callable[[Job], Awaitable[None]]) -> bool:
+        """Run one stage of a job; True if the job goes on to the next stage."""
+        if job.done.is_set():
+            await self._release(job)
+            return False
+        if job.cancel_requested:
+            self._finish(job, Status.cancelled, stage=stage, etype="cancelled",
+                         message=f"cancelled before {stage.value}")
+            await self._release(job)
+            return False
+        stats = self.stats[stage]
+        job.set_stage(Status(stage.value))
+        stats.in_flight += 1
+        start = trio.current_time()
+        job.budget.resume()
+        outcome: tuple[Status, str, str] | None = None
+        try:
+            with trio.CancelScope() as scope:
+                job.stage_scope = scope
+                with trio.fail_after(max(job.budget.remaining(), 1e-9)):
+                    await work(job)
+            if scope.cancelled_caught:
+                outcome = (Status.cancelled, "cancelled", f"cancelled during {stage.value}")
+        except trio.TooSlowError:
+            outcome = (Status.timed_out, "timeout",
+                       f"timeout_s={job.request.timeout_s:g} spent during {stage.value}")
+        except trio.Cancelled:
+            self._finish(job, Status.cancelled, stage=stage, etype="cancelled",
+                         message="the daemon stopped")
+            with trio.move_on_after(RELEASE_TIMEOUT_S, shield=True):
+                await self._release(job)
+            raise
+        except Exception as exc:
+            log.warning("job %s failed in %s: %r", job.id, stage.value, exc,
+                        exc_info=log.isEnabledFor(logging.DEBUG))
+            outcome = (Status.failed, type(exc).__name__, str(exc) or repr(exc))
+        finally:
+            job.budget.pause()
+            job.stage_scope = None
+            duration = trio.current_time() - start
+            setattr(job.trajectory.timing, f"{stage.value}_s", duration)
+            stats.in_flight -= 1
+            stats.record(duration, ok=outcome is None)
+        if outcome is None:
+            return True
+        status, etype, message = outcome
+        usable = False
+        if status is Status.timed_out and stage is Stage.run:
+            # A trajectory cut by its deadline is consistent up to its last turn: a trainer
+            # may train on it with reward 0.
+            usable = bool(job.trajectory.turns)
+            job.trajectory.reward = 0.0
+            job.trajectory.reward_info = {"reason": "timed_out"}
+        self._finish(job, status, stage=stage, etype=etype, message=message, usable=usable)
+        await self._release(job)
+        return False
+
+    # ---- stage bodies --------------------------------------------------------------
+
+    async def _do_init(self, job: Job) -> None:
+        handler = job.request.handler
+        spec = handler.sandbox_spec(job.request.task)
+        if spec is not None:
+            job.sandbox = await self._open_sandbox(spec, job)
+        await handler.setup(job.sandbox, job.request.task)
+
+    async def _do_run(self, job: Job) -> None:
+        handler = job.request.handler
+        task = job.request.task
+        if handler.custom_run:
+            job.final_answer = await handler.run(task, job.trajectory, job.sandbox)
+            return
+        from daemon.agent import AgentLimits, run_agent
+        from daemon.llm.base import SamplingParams
+        from tools import open_toolbox
+
+        pool, renderer_factory = self.services.pool, self.services.renderer
+        if pool is None or renderer_factory is None:
+            raise PipelineError("no LLM backend pool is configured")
+        renderer = await renderer_factory()
+        prompt = handler.prompt(task)
+        try:
+            async with open_toolbox(job.sandbox, prompt.tools) as toolbox:
+                job.final_answer = await run_agent(
+                    trajectory=job.trajectory,
+                    prompt=prompt,
+                    pool=pool,
+                    renderer=renderer,
+                    toolbox=toolbox,
+                    params=job.request.sampling or SamplingParams(),
+                    limits=AgentLimits(**(job.request.limits or {})),
+                    sticky_key=job.id,
+                    group_key=job.group_id,
+                )
+        finally:
+            pool.forget(job.id)
+
+    async def _do_eval(self, job: Job) -> None:
+        ctx = EvalContext(
+            sandbox=job.sandbox,
+            open_sandbox=lambda spec: self._scoped_sandbox(spec, job),
+            final_answer=job.final_answer,
+        )
+        reward = await job.request.handler.evaluate(job.request.task, job.trajectory, ctx)
+        job.trajectory.reward = float(reward.reward)
+        job.trajectory.reward_info = dict(reward.info)
+
+    # ---- sandboxes ------------------------------------------------------------------
+
+    async def _open_sandbox(self, spec: SandboxSpec, job: Job) -> Sandbox:
+        supervisor = self.services.supervisor
+        if supervisor is None:
+            raise PipelineError("this daemon has no sandbox supervisor")
+        if spec.lifetime_s is None:
+            spec = spec.model_copy(update={
+                "lifetime_s": job.budget.remaining() + self.settings.sandbox_lifetime_buffer_s
+            })
+        return await supervisor.open(spec)
+
+    @asynccontextmanager
+    async def _scoped_sandbox(self, spec: SandboxSpec, job: Job) -> AsyncIterator[Sandbox]:
+        sb = await self._open_sandbox(spec, job)
+        try:
+            yield sb
+        finally:
+            with trio.move_on_after(RELEASE_TIMEOUT_S, shield=True):
+                assert self.services.supervisor is not None
+                await self.services.supervisor.release(sb)
+
+    async def _release(self, job: Job) -> None:
+        sb, job.sandbox = job.sandbox, None
+        if sb is None or self.services.supervisor is None:
+            return
+        with trio.move_on_after(RELEASE_TIMEOUT_S, shield=True):
+            try:
+                await self.services.supervisor.release(sb)
+            except Exception:
+                log.exception("job %s: releasing sandbox %s failed", job.id, sb.id)
+
+    # ---- bookkeeping ----------------------------------------------------------------
+
+    def _track(self, job: Job) -> None:
+        self._live.add(job)
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+        job.add_listener(self._untrack)
+
+    def _untrack(self, job: Job) -> None:
+        self._live.discard(job)
+        if not self._live:
+            self._idle.set()
+
+    def _finish(
+        self,
+        job: Job,
+        status: Status,
+        *,
+        stage: Stage | None = None,
+        etype: str = "",
+        message: str = "",
+        usable: bool | None = None,
+    ) -> None:
+        error = None
+        if status is not Status.completed:
+            error = ErrorInfo(stage=(stage or Stage.queue).value, type=etype, message=message)
+        timing = job.trajectory.timing
+        if job.finish(status, error=error, usable=usable):
+            worked = timing.init_s + timing.run_s + timing.eval_s
+            timing.queue_s = max(0.0, timing.total_s - worked)
+
+
+def _stage_of(job: Job) -> Stage:
+    try:
+        return Stage(job.status.value)
+    except ValueError:
+        return Stage.queue

@@ -1,0 +1,203 @@
+"""Rollout submission, lookup, cancellation and streaming: what the API routes call."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from pydantic import BaseModel, ConfigDict, Field
+
+from daemon.config import Settings
+from daemon.jobs import Job, JobRequest, QueueClosed, QueueFull, ResultStore, new_id
+from daemon.llm.base import SamplingParams
+from daemon.pipeline import Pipeline
+from daemon.tasks.base import TaskError
+from daemon.tasks.registry import TaskRegistry
+from daemon.trajectory import Stage
+
+
+class ServiceError(Exception):
+    """Base of errors the API turns into 4xx answers."""
+
+    status = 400
+    type = "bad_request"
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class InvalidTask(ServiceError):
+    status, type = 422, "invalid_task"
+
+
+class IdempotencyConflict(ServiceError):
+    status, type = 422, "idempotency_conflict"
+
+
+class NotFound(ServiceError):
+    status, type = 404, "not_found"
+
+
+class QueueFullError(ServiceError):
+    status, type = 429, "queue_full"
+
+
+class Draining(ServiceError):
+    status, type = 503, "draining"
+
+
+class AgentLimitsModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_turns: int = Field(8, ge=1, le=1000)
+    max_tokens_per_turn: int = Field(512, ge=1, le=1_000_000)
+    max_total_tokens: int = Field(8192, ge=1, le=10_000_000)
+    tool_timeout_s: float = Field(30.0, gt=0, le=86_400)
+
+
+class RolloutRequest(BaseModel):
+    """One task, ``n`` samples of it (a group)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: dict[str, Any] = Field(description="The task; `kind` selects its handler.")
+    n: int = Field(1, ge=1, description="Samples of the task (a GRPO group).")
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    limits: AgentLimitsModel = Field(default_factory=AgentLimitsModel)
+    timeout_s: float | None = Field(None, gt=0, description="Work budget per sample; queue time excluded.")
+    group_id: str | None = Field(None, min_length=1, max_length=200)
+    priority: int = Field(0, ge=-1000, le=1000)
+    idempotency_key: str | None = Field(None, min_length=1, max_length=200)
+    wait: bool = Field(False, description="Answer with the finished trajectories.")
+    labels: list[str] = Field(default_factory=list, max_length=32)
+
+
+@dataclass
+class Submitted:
+    group_id: str
+    jobs: list[Job]
+    replayed: bool = False
+
+
+class RolloutService:
+    """Turns requests into jobs on the pipeline, and answers for them afterwards."""
+
+    IDEMPOTENCY_KEYS = 100_000
+
+    def __init__(self, settings: Settings, pipeline: Pipeline, registry: TaskRegistry) -> None:
+        self.settings = settings
+        self.pipeline = pipeline
+        self.registry = registry
+        self.store = ResultStore(ttl_s=settings.result_ttl_s, max_results=settings.max_results)
+        self._idempotency: OrderedDict[str, tuple[str, str, list[str]]] = OrderedDict()
+        self.draining = False
+        self.submitted_total = 0
+
+    # ---- submit -------------------------------------------------------------------
+
+    def submit(self, req: RolloutRequest) -> Submitted:
+        if self.draining:
+            raise Draining("the daemon is draining and takes no new rollouts", retry_after_s=5)
+        if req.n > self.settings.max_samples_per_request:
+            raise InvalidTask(
+                f"n={req.n} exceeds max_samples_per_request={self.settings.max_samples_per_request}"
+            )
+        digest = ""
+        if req.idempotency_key is not None:
+            digest = _digest(req)
+            seen = self._idempotency.get(req.idempotency_key)
+            if seen is not None:
+                if seen[0] != digest:
+                    raise IdempotencyConflict(
+                        f"idempotency_key {req.idempotency_key!r} was used with another request body"
+                    )
+                jobs = [j for j in (self.store.get(i) for i in seen[2]) if j is not None]
+                if len(jobs) == len(seen[2]):
+                    return Submitted(seen[1], jobs, replayed=True)
+        try:
+            handler = self.registry.get(req.task.get("kind"))
+            task = handler.validate(req.task)
+        except TaskError as exc:
+            raise InvalidTask(str(exc)) from None
+        timeout_s = req.timeout_s or self.settings.default_timeout_s
+        if timeout_s > self.settings.max_timeout_s:
+            raise InvalidTask(f"timeout_s={timeout_s:g} exceeds max_timeout_s={self.settings.max_timeout_s:g}")
+        group_id = req.group_id or new_id("g")
+        labels = list(req.labels)
+        label = getattr(handler, "label", None)
+        if isinstance(label, str):
+            labels.append(label)
+        request = JobRequest(
+            task=task,
+            handler=handler,
+            timeout_s=timeout_s,
+            sampling=req.sampling,
+            limits=req.limits.model_dump(),
+            priority=req.priority,
+            labels=labels,
+        )
+        jobs = [
+            Job(request, job_id=new_id("r"), group_id=group_id, sample_index=i) for i in range(req.n)
+        ]
+        try:
+            self.pipeline.submit(jobs)
+        except QueueFull:
+            raise QueueFullError(
+                f"the intake queue is full ({self.pipeline.intake.capacity} jobs); retry later",
+                retry_after_s=self._retry_after(),
+            ) from None
+        except QueueClosed:
+            raise Draining("the daemon is draining and takes no new rollouts", retry_after_s=5) from None
+        for job in jobs:
+            self.store.add(job)
+        self.submitted_total += len(jobs)
+        if req.idempotency_key is not None:
+            self._idempotency[req.idempotency_key] = (digest, group_id, [j.id for j in jobs])
+            while len(self._idempotency) > self.IDEMPOTENCY_KEYS:
+                self._idempotency.popitem(last=False)
+        return Submitted(group_id, jobs)
+
+    def _retry_after(self) -> float:
+        """Seconds until a slot is likely free: the queue drained at the run stage's pace."""
+        run = self.pipeline.stats[Stage.run]
+        p50 = run.percentiles()["p50_s"] or 1.0
+        waves = len(self.pipeline.intake) / max(1, run.workers)
+        return float(min(60, max(1, math.ceil(p50 * waves))))
+
+    # ---- lookups --------------------------------------------------------------------
+
+    def get(self, job_id: str) -> Job:
+        job = self.store.get(job_id)
+        if job is None:
+            raise NotFound(f"no rollout with id {job_id!r}")
+        return job
+
+    def cancel(self, job_id: str) -> Job:
+        job = self.get(job_id)
+        self.pipeline.cancel(job)
+        return job
+
+    async def wait(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            await job.done.wait()
+
+    async def stream(self, jobs: list[Job]) -> AsyncIterator[Job]:
+        """Yield jobs as they finish (any order)."""
+        send, recv = trio.open_memory_channel[Job](len(jobs) or 1)
+        for job in jobs:
+            job.add_listener(send.send_nowait)
+        async with recv:
+            for _ in range(len(jobs)):
+                yield await recv.receive()
+
+
+def _digest(req: RolloutRequest) -> str:
+    body = req.model_dump(mode="json", exclude={"wait", "idempotency_key"})
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()

@@ -1,0 +1,1 @@
+"""Task handlers and their registry."""

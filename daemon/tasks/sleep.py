@@ -1,0 +1,61 @@
+"""``sleep``: a labelled test task that only waits, for pipeline tests and benchmarks.
+
+It exercises the real pipeline (queues, workers, deadlines, cancellation) with no sandbox
+and no model: INIT sleeps ``init_s``, RUN sleeps ``run_s``, EVAL sleeps ``eval_s`` and
+returns ``reward``. ``fail_stage`` makes one stage raise, to test failure reporting.
+Every trajectory it produces carries the label ``test-task:sleep``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from daemon.tasks.base import EvalContext, Prompt, Reward, TaskError, TaskHandler
+from daemon.trajectory import Trajectory
+
+_STAGES = ("init", "run", "eval")
+
+
+class SleepTask(TaskHandler):
+    kind = "sleep"
+    custom_run = True
+    label = "test-task:sleep"
+
+    def validate(self, task: dict[str, Any]) -> dict[str, Any]:
+        out = dict(task)
+        for key in ("init_s", "run_s", "eval_s"):
+            value = task.get(key, 0.0)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise TaskError(f"sleep task: {key} must be a non-negative number")
+            out[key] = float(value)
+        reward = task.get("reward", 1.0)
+        if isinstance(reward, bool) or not isinstance(reward, int | float):
+            raise TaskError("sleep task: reward must be a number")
+        out["reward"] = float(reward)
+        fail = task.get("fail_stage")
+        if fail is not None and fail not in _STAGES:
+            raise TaskError(f"sleep task: fail_stage must be one of {', '.join(_STAGES)}")
+        return out
+
+    async def setup(self, sandbox: object, task: dict[str, Any]) -> None:
+        await self._sleep(task, "init")
+
+    def prompt(self, task: dict[str, Any]) -> Prompt:
+        return Prompt(messages=[{"role": "user", "content": f"sleep {task['run_s']}s"}])
+
+    async def run(self, task: dict[str, Any], trajectory: Trajectory, sandbox: object) -> str:
+        trajectory.messages = self.prompt(task).messages
+        await self._sleep(task, "run")
+        return "slept"
+
+    async def evaluate(self, task: dict[str, Any], trajectory: Trajectory, ctx: EvalContext) -> Reward:
+        await self._sleep(task, "eval")
+        return Reward(task["reward"], {"test_task": "sleep"})
+
+    @staticmethod
+    async def _sleep(task: dict[str, Any], stage: str) -> None:
+        await trio.sleep(task[f"{stage}_s"])
+        if task.get("fail_stage") == stage:
+            raise RuntimeError(f"sleep task asked to fail in {stage}")

@@ -1,0 +1,102 @@
+"""The data a trainer consumes: a trajectory, its turns, reward and timings.
+
+These models are the wire format of ``GET /v1/rollouts/{id}`` and of the NDJSON streams,
+and the in-memory record the pipeline stages fill in. Token fields are the canonical
+representation: ``token_ids`` holds exactly what the model saw and sampled, ``loss_mask``
+is 1 on sampled tokens, ``logprobs`` carries the sampled-token logprob where the mask is 1.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class Status(StrEnum):
+    queued = "queued"
+    init = "init"
+    run = "run"
+    eval = "eval"
+    completed = "completed"
+    failed = "failed"
+    timed_out = "timed_out"
+    cancelled = "cancelled"
+    lost = "lost"
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({Status.completed, Status.failed, Status.timed_out, Status.cancelled, Status.lost})
+
+
+class Stage(StrEnum):
+    queue = "queue"
+    init = "init"
+    run = "run"
+    eval = "eval"
+
+
+class ErrorInfo(BaseModel):
+    stage: str
+    type: str
+    message: str
+
+
+class ToolCallRecord(BaseModel):
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    exit_code: int | None = None
+    ok: bool = True
+    latency_s: float = 0.0
+    error: str | None = None
+
+
+class Turn(BaseModel):
+    """One LLM call: ``token_ids[start:end]`` are the sampled ids of this turn."""
+
+    start: int
+    end: int
+    backend: str | None = None
+    policy_version_start: int = 0
+    policy_version_end: int = 0
+    finish_reason: str | None = None
+    retries: int = 0
+    backend_switches: list[str] = Field(default_factory=list)
+    llm_s: float = 0.0
+    tool_calls: list[ToolCallRecord] = Field(default_factory=list)
+    error: str | None = None
+
+
+class Timing(BaseModel):
+    queue_s: float = 0.0
+    init_s: float = 0.0
+    run_s: float = 0.0
+    eval_s: float = 0.0
+    llm_s: float = 0.0
+    tool_s: float = 0.0
+    total_s: float = 0.0
+
+
+class Trajectory(BaseModel):
+    id: str
+    group_id: str | None = None
+    task_id: str | None = None
+    sample_index: int = 0
+    status: Status = Status.queued
+    usable: bool = False
+    reward: float | None = None
+    reward_info: dict[str, Any] = Field(default_factory=dict)
+    error: ErrorInfo | None = None
+    token_ids: list[int] = Field(default_factory=list)
+    loss_mask: list[int] = Field(default_factory=list)
+    logprobs: list[float | None] = Field(default_factory=list)
+    prompt_length: int = 0
+    turns: list[Turn] = Field(default_factory=list)
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    finish_reason: str | None = None
+    timing: Timing = Field(default_factory=Timing)
+    labels: list[str] = Field(default_factory=list)

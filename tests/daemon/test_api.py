@@ -1,0 +1,186 @@
+"""The HTTP API contract, in-process through ASGI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+
+from .conftest import sleep_task
+
+
+async def test_submit_get_and_wait(asgi):
+    client, node = await asgi()
+    async with client:
+        r = await client.post("/v1/rollouts", json={"task": sleep_task(run_s=0.01), "n": 3})
+        assert r.status_code == 202
+        body = r.json()
+        assert len(body["ids"]) == 3 and body["group_id"]
+        await node.service.wait([node.lookup(i) for i in body["ids"]])
+        r = await client.get(f"/v1/rollouts/{body['ids'][0]}")
+        traj = r.json()
+        assert traj["status"] == "completed" and traj["reward"] == 1.0 and traj["usable"] is True
+        assert traj["group_id"] == body["group_id"]
+        assert "test-task:sleep" in traj["labels"]
+        for key in ("token_ids", "loss_mask", "logprobs", "turns", "messages", "timing", "error"):
+            assert key in traj
+
+        r = await client.post("/v1/rollouts?wait=true", json={"task": sleep_task(), "n": 2, "group_id": "g1"})
+        assert r.status_code == 200
+        assert [t["status"] for t in r.json()["rollouts"]] == ["completed", "completed"]
+        assert r.json()["group_id"] == "g1"
+
+
+async def test_stream_ndjson(asgi):
+    client, node = await asgi()
+    async with client:
+        ids = (await client.post("/v1/rollouts", json={"task": sleep_task(run_s=0.05), "n": 3})).json()["ids"]
+        r = await client.get("/v1/rollouts/stream", params={"ids": ",".join(ids)})
+        assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
+        lines = [json.loads(x) for x in r.text.splitlines()]
+        assert sorted(t["id"] for t in lines) == sorted(ids)
+        r = await client.get("/v1/rollouts/stream", params={"ids": "nope"})
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
+
+
+async def test_cancel_route(asgi):
+    client, node = await asgi()
+    async with client:
+        rid = (await client.post("/v1/rollouts", json={"task": sleep_task(run_s=60)})).json()["ids"][0]
+        r = await client.delete(f"/v1/rollouts/{rid}")
+        assert r.status_code in (200, 202)
+        await node.lookup(rid).done.wait()
+        assert (await client.get(f"/v1/rollouts/{rid}")).json()["status"] == "cancelled"
+        assert (await client.delete("/v1/rollouts/missing")).status_code == 404
+
+
+async def test_idempotency(asgi):
+    client, _ = await asgi()
+    async with client:
+        body = {"task": sleep_task(), "n": 2, "idempotency_key": "k1"}
+        a = (await client.post("/v1/rollouts", json=body)).json()
+        b = (await client.post("/v1/rollouts", json=body)).json()
+        assert a["ids"] == b["ids"] and b["replayed"] is True
+        other = dict(body, n=3)
+        r = await client.post("/v1/rollouts", json=other)
+        assert r.status_code == 422 and r.json()["error"]["type"] == "idempotency_conflict"
+
+
+@pytest.mark.parametrize(
+    ("content", "status", "etype"),
+    [
+        (b"{not json", 400, "bad_request"),
+        (b"", 400, "bad_request"),
+        (b"[1, 2]", 422, "invalid_request"),
+        (json.dumps({"task": sleep_task(), "n": "three"}).encode(), 422, "invalid_request"),
+        (json.dumps({"task": sleep_task(), "n": 0}).encode(), 422, "invalid_request"),
+        (json.dumps({"task": sleep_task(), "bogus": 1}).encode(), 422, "invalid_request"),
+        (json.dumps({"task": {"kind": "nope"}}).encode(), 422, "invalid_task"),
+        (json.dumps({"task": {"kind": 7}}).encode(), 422, "invalid_task"),
+        (json.dumps({"task": sleep_task(run_s=-1)}).encode(), 422, "invalid_task"),
+        (json.dumps({"task": sleep_task(), "sampling": {"temperature": -1}}).encode(), 422, "invalid_request"),
+        (json.dumps({"task": sleep_task(), "timeout_s": 1e12}).encode(), 422, "invalid_task"),
+        (b"[" * 100_000 + b"]" * 100_000, 400, "bad_request"),
+        (b'{"a":' * 200 + b"1" + b"}" * 200, 400, "bad_request"),
+    ],
+)
+async def test_bad_input_is_a_clear_4xx(asgi, content, status, etype):
+    client, node = await asgi()
+    async with client:
+        r = await client.post("/v1/rollouts", content=content, headers={"content-type": "application/json"})
+        assert r.status_code == status, r.text
+        assert r.json()["error"]["type"] == etype
+        assert r.json()["error"]["message"]
+    assert node.service.submitted_total == 0
+
+
+async def test_unknown_kind_names_known_kinds(asgi):
+    client, _ = await asgi()
+    async with client:
+        r = await client.post("/v1/rollouts", json={"task": {"kind": "chess"}})
+        assert "sleep" in r.json()["error"]["message"]
+
+
+async def test_body_too_large(asgi):
+    client, node = await asgi(max_body_bytes=4096)
+    async with client:
+        r = await client.post("/v1/rollouts", content=b"x" * 10_000, headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["error"]["type"] == "body_too_large"
+
+
+async def test_queue_full_is_429_with_retry_after(asgi):
+    client, node = await asgi(queue_size=3, n_init=1, n_run=1, n_eval=1)
+    async with client:
+        await client.post("/v1/rollouts", json={"task": sleep_task(init_s=30), "n": 1})
+        await trio.sleep(0.05)
+        r = await client.post("/v1/rollouts", json={"task": sleep_task(), "n": 3})
+        assert r.status_code == 202
+        r = await client.post("/v1/rollouts", json={"task": sleep_task(), "n": 1})
+        assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
+        assert r.json()["error"]["type"] == "queue_full"
+        node.pipeline.cancel_all()
+
+
+async def test_draining_refuses_new_work_with_503(asgi):
+    client, node = await asgi()
+    async with client:
+        node.service.draining = True
+        node.ready = False
+        r = await client.post("/v1/rollouts", json={"task": sleep_task()})
+        assert r.status_code == 503 and r.json()["error"]["type"] == "draining"
+        assert (await client.get("/readyz")).status_code == 503
+        assert (await client.get("/healthz")).status_code == 200
+
+
+async def test_unknown_route_and_method(asgi):
+    client, _ = await asgi()
+    async with client:
+        assert (await client.get("/v2/nothing")).json()["error"]["type"] == "not_found"
+        r = await client.put("/v1/rollouts")
+        assert r.status_code == 405 and r.json()["error"]["type"] == "method_not_allowed"
+
+
+async def test_status_metrics_openapi(asgi):
+    client, node = await asgi()
+    async with client:
+        await client.post("/v1/rollouts?wait=1", json={"task": sleep_task()})
+        st = (await client.get("/v1/status")).json()
+        assert set(st["pipeline"]["stages"]) == {"init", "run", "eval"}
+        assert st["rollouts"]["completed"] == 1
+        m = await client.get("/metrics")
+        assert m.status_code == 200 and 'rolloutd_rollouts_total{status="completed"} 1.0' in m.text
+        spec = (await client.get("/openapi.json")).json()
+        assert "/v1/rollouts" in spec["paths"] and "/v1/rollouts/{job_id}" in spec["paths"]
+        schema = json.dumps(spec)
+        assert "RolloutRequest" in schema
+
+
+def _routes(app) -> list[tuple[str, str]]:
+    out = []
+    for rule in app.url_map.iter_rules():
+        for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
+            path = rule.rule.replace("<job_id>", "x").replace("<backend_id>", "x")
+            out.append((method, path))
+    return out
+
+
+async def test_auth_on_every_route_but_healthz(asgi, tmp_path):
+    client, node = await asgi(token="t0ken")
+    from daemon.api import create_app
+
+    routes = _routes(create_app(node))
+    assert len(routes) >= 15
+    async with client:
+        client.headers.pop("Authorization")
+        for method, path in routes:
+            r = await client.request(method, path)
+            if path == "/healthz":
+                assert r.status_code == 200
+            else:
+                assert r.status_code == 401, (method, path, r.status_code)
+                assert r.json()["error"]["type"] == "unauthorized"
+        r = await client.get("/v1/status", headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401
+        r = await client.get("/v1/status", headers={"Authorization": "Bearer t0ken"})
+        assert r.status_code == 200

@@ -1,0 +1,136 @@
+"""The INIT/RUN/EVAL pipeline on virtual time (autojump_clock), with the labelled sleep task."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from daemon.service import QueueFullError, RolloutRequest
+from daemon.trajectory import Stage, Status
+
+from .conftest import sleep_task
+
+
+def req(**kw) -> RolloutRequest:
+    body = {k: kw.pop(k) for k in ("n", "timeout_s", "priority", "idempotency_key", "group_id") if k in kw}
+    return RolloutRequest(task=sleep_task(**kw), **body)
+
+
+async def test_stages_overlap_across_jobs(start_node, autojump_clock):
+    node = await start_node(n_init=1, n_run=1, n_eval=1)
+    start = trio.current_time()
+    sub = node.submit(req(n=3, init_s=1, run_s=2, eval_s=3))
+    await node.service.wait(sub.jobs)
+    # Bottleneck EVAL: 3 jobs x 3 s, after the first job's 1 + 2 s of INIT and RUN.
+    assert trio.current_time() - start == pytest.approx(12.0)
+    assert [j.status for j in sub.jobs] == [Status.completed] * 3
+    assert all(j.trajectory.reward == 1.0 and j.trajectory.usable for j in sub.jobs)
+
+
+async def test_deadline_excludes_queue_wait(start_node, autojump_clock):
+    node = await start_node(n_init=1, n_run=1, n_eval=1)
+    first = node.submit(req(run_s=5, timeout_s=100)).jobs[0]
+    waits = node.submit(req(run_s=5, timeout_s=6)).jobs[0]
+    await node.service.wait([first, waits])
+    assert waits.status is Status.completed
+    t = waits.trajectory.timing
+    assert t.run_s == pytest.approx(5.0)
+    assert t.queue_s == pytest.approx(5.0)  # waited for `first` to leave RUN
+
+
+async def test_deadline_expires_in_run(start_node, autojump_clock):
+    node = await start_node()
+    job = node.submit(req(init_s=1, run_s=10, timeout_s=4)).jobs[0]
+    await job.done.wait()
+    traj = job.trajectory
+    assert traj.status is Status.timed_out
+    assert traj.error is not None and traj.error.stage == "run" and traj.error.type == "timeout"
+    assert traj.timing.run_s == pytest.approx(3.0)
+    assert traj.reward == 0.0
+    assert traj.usable is False  # no turn was recorded, so nothing to train on
+
+
+@pytest.mark.parametrize("stage", ["init", "run", "eval"])
+async def test_failure_records_stage_and_type(start_node, autojump_clock, stage):
+    node = await start_node()
+    job = node.submit(req(init_s=1, run_s=1, eval_s=1, fail_stage=stage)).jobs[0]
+    await job.done.wait()
+    assert job.status is Status.failed
+    assert job.trajectory.error.stage == stage
+    assert job.trajectory.error.type == "RuntimeError"
+    assert job.trajectory.usable is False and job.trajectory.reward is None
+
+
+@pytest.mark.parametrize("stage", ["init", "run", "eval"])
+async def test_cancel_in_each_stage(start_node, autojump_clock, stage):
+    node = await start_node()
+    job = node.submit(req(init_s=10, run_s=10, eval_s=10)).jobs[0]
+    await trio.sleep({"init": 5, "run": 15, "eval": 25}[stage])
+    assert job.status.value == stage
+    node.service.cancel(job.id)
+    await job.done.wait()
+    assert job.status is Status.cancelled
+    assert job.trajectory.error.stage == stage
+    assert trio.current_time() == pytest.approx({"init": 5, "run": 15, "eval": 25}[stage])
+    await node.pipeline.wait_idle()
+    assert node.pipeline.stats[Stage(stage)].in_flight == 0
+
+
+async def test_cancel_while_queued_frees_the_slot(start_node, autojump_clock):
+    node = await start_node(n_init=1, n_run=1, n_eval=1, queue_size=2)
+    busy = node.submit(req(init_s=50)).jobs[0]
+    await trio.sleep(1)
+    queued = node.submit(req(n=2, init_s=1)).jobs
+    with pytest.raises(QueueFullError):
+        node.submit(req())
+    node.service.cancel(queued[0].id)
+    assert queued[0].status is Status.cancelled
+    assert queued[0].trajectory.error.stage == "queue"
+    node.submit(req())  # the slot is free again
+    node.service.cancel(busy.id)
+    await node.pipeline.wait_idle()
+
+
+async def test_cancel_between_stages(start_node, autojump_clock):
+    node = await start_node(n_init=2, n_run=1, n_eval=1)
+    jobs = node.submit(req(n=2, init_s=1, run_s=10)).jobs
+    await trio.sleep(2)  # one job runs, the other finished INIT and waits for the RUN worker
+    [first] = [j for j in jobs if j.status is Status.run]
+    [second] = [j for j in jobs if j.status is Status.init]
+    node.service.cancel(second.id)
+    await second.done.wait()
+    assert second.status is Status.cancelled
+    await first.done.wait()
+    assert first.status is Status.completed
+
+
+async def test_priority_orders_the_queue(start_node, autojump_clock):
+    node = await start_node(n_init=1, n_run=1, n_eval=1)
+    node.submit(req(init_s=1))
+    low = node.submit(req(init_s=1, priority=-5)).jobs[0]
+    high = node.submit(req(init_s=1, priority=5)).jobs[0]
+    await node.service.wait([low, high])
+    assert high.finished_at < low.finished_at
+
+
+async def test_stage_statistics(start_node, autojump_clock):
+    node = await start_node()
+    sub = node.submit(req(n=4, init_s=1, run_s=2, eval_s=1))
+    await node.service.wait(sub.jobs)
+    stages = node.pipeline.statistics()["stages"]
+    assert stages["run"]["finished"] == 4
+    assert stages["run"]["p50_s"] == pytest.approx(2.0)
+    assert stages["init"]["in_flight"] == 0
+
+
+async def test_drain_cancels_queued_and_waits_for_in_flight(start_node, autojump_clock):
+    node = await start_node(n_init=1, n_run=1, n_eval=1, drain_timeout_s=5)
+    running = node.submit(req(run_s=3)).jobs[0]
+    late = node.submit(req(run_s=3)).jobs[0]
+    stuck = node.submit(req(init_s=1)).jobs[0]
+    await trio.sleep(0.5)
+    await node._drain()
+    assert running.status is Status.completed
+    # `late` was in flight (waiting between stages) and got the drain window; `stuck` too.
+    assert {late.status, stuck.status} <= {Status.completed, Status.cancelled}
+    assert node.pipeline.live == 0
