@@ -206,9 +206,13 @@ def create_app(node: Node) -> QuartTrio:
             raise ServiceError("give the rollout ids as ?ids=a,b,c")
         if len(ids) > MAX_STREAM_IDS:
             raise ServiceError(f"at most {MAX_STREAM_IDS} ids per stream")
-        jobs = [service.get(i) for i in ids]
+        found = [await node.find(i) for i in ids]
+        jobs = [f for f in found if isinstance(f, Job)]
+        old = [f for f in found if isinstance(f, Trajectory)]
 
         async def lines() -> AsyncIterator[bytes]:
+            for traj in old:
+                yield (traj.model_dump_json() + "\n").encode()
             async for job in service.stream(jobs):
                 yield (json.dumps(_dump(job)) + "\n").encode()
 
@@ -219,15 +223,17 @@ def create_app(node: Node) -> QuartTrio:
     @document_response(ErrorResponse, 404)
     async def get_rollout(job_id: str) -> Any:
         """The trajectory so far (``status`` says whether it is finished)."""
-        job = node.lookup(job_id)
-        return _dump(job)
+        found = await node.find(job_id)
+        return _dump(found) if isinstance(found, Job) else found.model_dump(mode="json")
 
     @app.delete("/v1/rollouts/<job_id>")
     @document_response(CancelResponse, 202)
     async def cancel_rollout(job_id: str) -> Any:
         """Cancel: the sandbox is torn down and the LLM request aborted."""
-        job = await node.cancel(job_id)
-        return {"id": job.id, "status": job.status.value}, 202 if not job.done.is_set() else 200
+        found = await node.cancel(job_id)
+        if isinstance(found, Trajectory):
+            return {"id": found.id, "status": found.status.value}, 200
+        return {"id": found.id, "status": found.status.value}, 202 if not found.done.is_set() else 200
 
     # ---- backends ------------------------------------------------------------------
 

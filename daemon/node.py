@@ -26,10 +26,12 @@ from hypercorn.trio import serve
 
 from daemon.config import Settings
 from daemon.jobs import Job, new_id
+from daemon.journal import Journal
 from daemon.metrics import Metrics
 from daemon.pipeline import Pipeline, Services
-from daemon.service import RolloutRequest, RolloutService, Submitted
+from daemon.service import NotFound, RolloutRequest, RolloutService, Submitted
 from daemon.tasks.registry import TaskRegistry
+from daemon.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from daemon.llm.chat import ChatRenderer
@@ -64,6 +66,9 @@ class Node:
         self.pipeline = Pipeline(settings, self.services)
         self.service = RolloutService(settings, self.pipeline, self.registry)
         self.metrics = Metrics(self.status)
+        self.journal = Journal(
+            settings.state_dir / "journal.sqlite3", boot_id=self.boot_id, ttl_s=settings.result_ttl_s
+        )
         self.federation: Federation | None = None
         self.urls: list[str] = []
         self.ready = False
@@ -88,17 +93,31 @@ class Node:
     def submit(self, req: RolloutRequest) -> Submitted:
         sub = self.service.submit(req)
         if not sub.replayed:
+            self.journal.record_submitted(sub.jobs)
             for job in sub.jobs:
                 job.add_listener(self.metrics.observe_job)
+                job.add_listener(self.journal.record_finished)
         return sub
 
     def lookup(self, job_id: str) -> Job:
+        """A job this process holds (raises NotFound otherwise)."""
         return self.service.get(job_id)
 
-    async def cancel(self, job_id: str) -> Job:
-        job = self.service.cancel(job_id)
-        await trio.lowlevel.checkpoint()
-        return job
+    async def find(self, job_id: str) -> Job | Trajectory:
+        """A live or recent job, else its journal record (a finished or ``lost`` trajectory)."""
+        try:
+            return self.service.get(job_id)
+        except NotFound:
+            traj = await self.journal.lookup(job_id)
+            if traj is None:
+                raise
+            return traj
+
+    async def cancel(self, job_id: str) -> Job | Trajectory:
+        found = await self.find(job_id)
+        if isinstance(found, Job):
+            self.pipeline.cancel(found)
+        return found
 
     async def add_backend(self, spec: dict[str, Any]) -> str:
         from daemon.llm.pool import make_backend
@@ -168,6 +187,15 @@ class Node:
     async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
         settings = self.settings
         settings.state_dir.mkdir(parents=True, exist_ok=True)
+        # The journal outlives every other part, so the last job outcomes are recorded.
+        async with trio.open_nursery() as outer:
+            await outer.start(self.journal.run)
+            await self._run_parts(task_status)
+            outer.cancel_scope.cancel()
+        log.info("rolloutd %s stopped", self.node_id)
+
+    async def _run_parts(self, task_status: trio.TaskStatus[Node]) -> None:
+        settings = self.settings
         async with trio.open_nursery() as nursery:
             if self._build_services:
                 await self._start_services(nursery)
@@ -191,7 +219,6 @@ class Node:
             with trio.move_on_after(3):
                 await self._http_done.wait()
             nursery.cancel_scope.cancel()
-        log.info("rolloutd %s stopped", self.node_id)
 
     async def _drain(self) -> None:
         log.info("draining: %d jobs live, up to %.1fs", self.pipeline.live, self.settings.drain_timeout_s)

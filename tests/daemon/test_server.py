@@ -1,0 +1,69 @@
+"""The daemon over a real hypercorn socket (port 0), driven by the async client."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from daemon.client import AsyncClient, RolloutdError
+from daemon.node import Node
+from daemon.pipeline import Services
+
+from .conftest import make_settings, sleep_task
+
+
+@pytest.fixture
+async def served(nursery, tmp_path):
+    node = Node(make_settings(tmp_path, token="tok"), services=Services())
+    await nursery.start(node.run)
+    yield node
+    node.request_stop()
+
+
+async def test_client_round_trip_over_http(served):
+    url = served.urls[0]
+    async with AsyncClient(url, token="tok") as c:
+        sub = await c.submit(sleep_task(run_s=0.01), n=3, group_id="grp")
+        trajs = await c.wait(sub.ids)
+        assert [t.status.value for t in trajs] == ["completed"] * 3
+        assert {t.group_id for t in trajs} == {"grp"}
+        one = await c.get(sub.ids[0])
+        assert one.reward == 1.0
+        st = await c.status()
+        assert st["ready"] is True and st["rollouts"]["completed"] == 3
+        streamed = [t.id async for t in c.stream(sub.ids)]
+        assert sorted(streamed) == sorted(sub.ids)
+        long = await c.submit(sleep_task(run_s=60))
+        assert await c.cancel(long.ids[0]) in {"queued", "init", "run", "cancelled"}
+        [t] = await c.wait(long.ids)
+        assert t.status.value == "cancelled"
+        with pytest.raises(RolloutdError) as err:
+            await c.get("r-missing")
+        assert err.value.status == 404 and err.value.type == "not_found"
+    async with AsyncClient(url, token="bad") as c:
+        with pytest.raises(RolloutdError) as err:
+            await c.status()
+        assert err.value.status == 401
+
+
+async def test_unreachable_daemon_is_a_clear_error():
+    async with AsyncClient("http://127.0.0.1:9") as c:
+        with pytest.raises(RolloutdError) as err:
+            await c.status()
+        assert err.value.status == 0 and err.value.type == "unreachable"
+
+
+async def test_request_stop_drains_and_returns(tmp_path):
+    node = Node(make_settings(tmp_path, drain_timeout_s=0.5), services=Services())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(node.run)
+        async with AsyncClient(node.urls[0]) as c:
+            quick = await c.submit(sleep_task(run_s=0.05))
+            slow = await c.submit(sleep_task(run_s=30))
+            await trio.sleep(0.2)
+            node.request_stop()
+            with trio.fail_after(15):
+                trajs = {t.id: t async for t in c.stream(quick.ids + slow.ids)}
+    assert trajs[quick.ids[0]].status.value == "completed"
+    assert trajs[slow.ids[0]].status.value == "cancelled"
+    assert node.draining and not node.ready
