@@ -33,9 +33,9 @@ from daemon.node import Node  # noqa: E402
 from daemon.pipeline import Services  # noqa: E402
 from daemon.service import RolloutRequest  # noqa: E402
 
-UNIT_S = 0.02
+UNIT_S = 0.05
 WORKERS = 4
-JOBS = 120
+JOBS = 400
 BATCH = 200
 BATCHES = 25
 CONCURRENT_SUBMITTERS = 4

@@ -320,4 +320,7 @@ def create_app(node: Node) -> QuartTrio:
             return {"members": []}
         return {"members": node.federation.members()}
 
+    from daemon.batch_api import register_batch_routes
+
+    register_batch_routes(app, node)
     return app

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -74,6 +75,31 @@ def _check(resp: httpx.Response) -> Any:
 
 def _submission(data: Mapping[str, Any]) -> Submission:
     return Submission(data["group_id"], list(data["ids"]), bool(data.get("replayed", False)))
+
+
+@dataclass
+class BatchGroup:
+    """A kept group of a dynamic-sampling batch: G trajectories of one task."""
+
+    group_id: str
+    prompt_index: int
+    task: dict[str, Any]
+    rewards: list[float | None]
+    rollouts: list[Trajectory]
+
+
+def _batch_body(
+    prompts: Sequence[Mapping[str, Any]], group_size: int, keep: int, options: Mapping[str, Any]
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"prompts": [dict(p) for p in prompts], "group_size": group_size, "keep": keep}
+    body.update({k: v for k, v in options.items() if v is not None})
+    return body
+
+
+def _batch_group(line: str) -> BatchGroup:
+    d = json.loads(line)
+    return BatchGroup(d["group_id"], d["prompt_index"], d["task"], d["rewards"],
+                      [Trajectory.model_validate(t) for t in d["rollouts"]])
 
 
 def _unreachable(exc: httpx.HTTPError) -> RolloutdError:
@@ -146,6 +172,39 @@ class Client:
         """Submit and wait."""
         return self.wait(self.submit(task, n=n, **options).ids)
 
+    def create_batch(
+        self, prompts: Sequence[Mapping[str, Any]], *, group_size: int, keep: int, **options: Any
+    ) -> dict[str, Any]:
+        """Start dynamic sampling; options are BatchRequest fields. Returns its progress (with ``id``)."""
+        return dict(self._call("POST", "/v1/batches", json=_batch_body(prompts, group_size, keep, options)))
+
+    def batch_status(self, batch_id: str) -> dict[str, Any]:
+        return dict(self._call("GET", f"/v1/batches/{batch_id}"))
+
+    def cancel_batch(self, batch_id: str) -> dict[str, Any]:
+        return dict(self._call("DELETE", f"/v1/batches/{batch_id}"))
+
+    def batch_groups(self, batch_id: str, *, start: int = 0) -> Iterator[BatchGroup]:
+        """Kept groups as they are kept, until the batch ends."""
+        try:
+            with self._http.stream("GET", f"/v1/batches/{batch_id}/groups", params={"start": start}) as resp:
+                if not resp.is_success:
+                    resp.read()
+                    _check(resp)
+                for line in resp.iter_lines():
+                    if line.strip():
+                        yield _batch_group(line)
+        except httpx.HTTPError as exc:
+            raise _unreachable(exc) from exc
+
+    def sample_batch(
+        self, prompts: Sequence[Mapping[str, Any]], *, group_size: int, keep: int, **options: Any
+    ) -> Iterator[BatchGroup]:
+        """Create a batch and yield its kept groups (at most ``keep``). Leaving the loop early
+        disconnects, which cancels the batch unless ``cancel_on_disconnect=False``."""
+        batch = self.create_batch(prompts, group_size=group_size, keep=keep, **options)
+        yield from self.batch_groups(batch["id"])
+
 
 class AsyncClient:
     """Async client (httpx picks trio or asyncio automatically)."""
@@ -212,3 +271,38 @@ class AsyncClient:
 
     async def run(self, task: Mapping[str, Any], *, n: int = 1, **options: Any) -> list[Trajectory]:
         return await self.wait((await self.submit(task, n=n, **options)).ids)
+
+    async def create_batch(
+        self, prompts: Sequence[Mapping[str, Any]], *, group_size: int, keep: int, **options: Any
+    ) -> dict[str, Any]:
+        body = _batch_body(prompts, group_size, keep, options)
+        return dict(await self._call("POST", "/v1/batches", json=body))
+
+    async def batch_status(self, batch_id: str) -> dict[str, Any]:
+        return dict(await self._call("GET", f"/v1/batches/{batch_id}"))
+
+    async def cancel_batch(self, batch_id: str) -> dict[str, Any]:
+        return dict(await self._call("DELETE", f"/v1/batches/{batch_id}"))
+
+    async def batch_groups(self, batch_id: str, *, start: int = 0) -> AsyncGenerator[BatchGroup]:
+        try:
+            async with self._http.stream(
+                "GET", f"/v1/batches/{batch_id}/groups", params={"start": start}
+            ) as resp:
+                if not resp.is_success:
+                    await resp.aread()
+                    _check(resp)
+                async for line in resp.aiter_lines():
+                    if line.strip():
+                        yield _batch_group(line)
+        except httpx.HTTPError as exc:
+            raise _unreachable(exc) from exc
+
+    async def sample_batch(
+        self, prompts: Sequence[Mapping[str, Any]], *, group_size: int, keep: int, **options: Any
+    ) -> AsyncIterator[BatchGroup]:
+        """Create a batch and yield its kept groups; see ``Client.sample_batch``."""
+        batch = await self.create_batch(prompts, group_size=group_size, keep=keep, **options)
+        async with aclosing(self.batch_groups(batch["id"])) as groups:
+            async for group in groups:
+                yield group

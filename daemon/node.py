@@ -29,6 +29,7 @@ from daemon.jobs import Job, new_id
 from daemon.journal import Journal
 from daemon.metrics import Metrics
 from daemon.pipeline import Pipeline, Services
+from daemon.sampling import Sampler
 from daemon.service import NotFound, RolloutRequest, RolloutService, Submitted
 from daemon.tasks.registry import TaskRegistry
 from daemon.trajectory import Trajectory
@@ -66,6 +67,7 @@ class Node:
         self.pipeline = Pipeline(settings, self.services)
         self.service = RolloutService(settings, self.pipeline, self.registry)
         self.metrics = Metrics(self.status)
+        self.sampler = Sampler(self.service, submit=self.submit)
         self.journal = Journal(
             settings.state_dir / "journal.sqlite3", boot_id=self.boot_id, ttl_s=settings.result_ttl_s
         )
@@ -202,6 +204,7 @@ class Node:
             if self.services.renderer is None:
                 self.services.renderer = self.renderer
             await nursery.start(self.pipeline.run)
+            await nursery.start(self.sampler.run)
             if settings.seeds or settings.slurm_seeds:
                 await self._start_federation(nursery)
             nursery.start_soon(self._watch_signals, name="signals")

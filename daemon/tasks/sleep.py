@@ -3,6 +3,9 @@
 It exercises the real pipeline (queues, workers, deadlines, cancellation) with no sandbox
 and no model: INIT sleeps ``init_s``, RUN sleeps ``run_s``, EVAL sleeps ``eval_s`` and
 returns ``reward``. ``fail_stage`` makes one stage raise, to test failure reporting.
+Scripted groups: ``rewards: [..]`` gives per-sample rewards and ``run_s: [..]`` per-sample
+RUN times, both indexed by ``trajectory.sample_index`` (wrapping around); ``reward_info``
+(a dict, or a list of dicts indexed the same way) is merged into the reward's info.
 Every trajectory it produces carries the label ``test-task:sleep``.
 """
 
@@ -27,6 +30,9 @@ class SleepTask(TaskHandler):
         out = dict(task)
         for key in ("init_s", "run_s", "eval_s"):
             value = task.get(key, 0.0)
+            if key == "run_s" and isinstance(value, list) and value:
+                out[key] = [_non_negative(v, key) for v in value]
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise TaskError(f"sleep task: {key} must be a non-negative number")
             out[key] = float(value)
@@ -34,6 +40,17 @@ class SleepTask(TaskHandler):
         if isinstance(reward, bool) or not isinstance(reward, int | float):
             raise TaskError("sleep task: reward must be a number")
         out["reward"] = float(reward)
+        rewards = task.get("rewards")
+        if rewards is not None:
+            if not isinstance(rewards, list) or not rewards or not all(
+                isinstance(r, int | float) and not isinstance(r, bool) for r in rewards
+            ):
+                raise TaskError("sleep task: rewards must be a non-empty list of numbers")
+            out["rewards"] = [float(r) for r in rewards]
+        info = task.get("reward_info", {})
+        infos = info if isinstance(info, list) else [info]
+        if not infos or not all(isinstance(i, dict) for i in infos):
+            raise TaskError("sleep task: reward_info must be a dict or a non-empty list of dicts")
         fail = task.get("fail_stage")
         if fail is not None and fail not in _STAGES:
             raise TaskError(f"sleep task: fail_stage must be one of {', '.join(_STAGES)}")
@@ -47,15 +64,31 @@ class SleepTask(TaskHandler):
 
     async def run(self, task: dict[str, Any], trajectory: Trajectory, sandbox: object) -> str:
         trajectory.messages = self.prompt(task).messages
-        await self._sleep(task, "run")
+        run_s = task["run_s"]
+        if isinstance(run_s, list):
+            await trio.sleep(run_s[trajectory.sample_index % len(run_s)])
+            if task.get("fail_stage") == "run":
+                raise RuntimeError("sleep task asked to fail in run")
+        else:
+            await self._sleep(task, "run")
         return "slept"
 
     async def evaluate(self, task: dict[str, Any], trajectory: Trajectory, ctx: EvalContext) -> Reward:
         await self._sleep(task, "eval")
-        return Reward(task["reward"], {"test_task": "sleep"})
+        i = trajectory.sample_index
+        rewards = task.get("rewards") or [task["reward"]]
+        info = task.get("reward_info", {})
+        extra = info[i % len(info)] if isinstance(info, list) else info
+        return Reward(rewards[i % len(rewards)], {"test_task": "sleep", **extra})
 
     @staticmethod
     async def _sleep(task: dict[str, Any], stage: str) -> None:
         await trio.sleep(task[f"{stage}_s"])
         if task.get("fail_stage") == stage:
             raise RuntimeError(f"sleep task asked to fail in {stage}")
+
+
+def _non_negative(value: object, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise TaskError(f"sleep task: {key} must be a non-negative number or a list of them")
+    return float(value)
