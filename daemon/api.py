@@ -188,8 +188,12 @@ def create_app(node: Node) -> QuartTrio:
     @document_response(ErrorResponse, 422)
     async def submit() -> Any:
         """Submit one task x n samples; 202 with ids, or 200 with the trajectories if `wait`."""
-        req = parse(RolloutRequest, await json_body())
+        data = await json_body()
+        req = parse(RolloutRequest, data)
         wait = req.wait or request.args.get("wait", "").lower() in {"1", "true", "yes"}
+        forwarded = await node.maybe_forward(data, wait=wait, headers=dict(request.headers))
+        if forwarded is not None:
+            return forwarded[1], forwarded[0]
         sub = node.submit(req)
         if not wait:
             body = SubmitResponse(group_id=sub.group_id, ids=[j.id for j in sub.jobs], replayed=sub.replayed)
@@ -201,20 +205,17 @@ def create_app(node: Node) -> QuartTrio:
     @document_response(ErrorResponse, 404)
     async def stream() -> Any:
         """NDJSON: one trajectory per line, in the order they finish. `ids` is comma-separated."""
-        ids = [i for i in request.args.get("ids", "").split(",") if i]
+        ids = list(dict.fromkeys(i for i in request.args.get("ids", "").split(",") if i))
         if not ids:
             raise ServiceError("give the rollout ids as ?ids=a,b,c")
         if len(ids) > MAX_STREAM_IDS:
             raise ServiceError(f"at most {MAX_STREAM_IDS} ids per stream")
-        found = [await node.find(i) for i in ids]
-        jobs = [f for f in found if isinstance(f, Job)]
-        old = [f for f in found if isinstance(f, Trajectory)]
+        recv = await node.open_stream(ids)
 
         async def lines() -> AsyncIterator[bytes]:
-            for traj in old:
-                yield (traj.model_dump_json() + "\n").encode()
-            async for job in service.stream(jobs):
-                yield (json.dumps(_dump(job)) + "\n").encode()
+            with recv:
+                for _ in ids:
+                    yield (await recv.receive() + "\n").encode()
 
         return Response(lines(), mimetype=NDJSON)
 
@@ -223,17 +224,13 @@ def create_app(node: Node) -> QuartTrio:
     @document_response(ErrorResponse, 404)
     async def get_rollout(job_id: str) -> Any:
         """The trajectory so far (``status`` says whether it is finished)."""
-        found = await node.find(job_id)
-        return _dump(found) if isinstance(found, Job) else found.model_dump(mode="json")
+        return await node.rollout_json(job_id)
 
     @app.delete("/v1/rollouts/<job_id>")
     @document_response(CancelResponse, 202)
     async def cancel_rollout(job_id: str) -> Any:
         """Cancel: the sandbox is torn down and the LLM request aborted."""
-        found = await node.cancel(job_id)
-        if isinstance(found, Trajectory):
-            return {"id": found.id, "status": found.status.value}, 200
-        return {"id": found.id, "status": found.status.value}, 202 if not found.done.is_set() else 200
+        return await node.cancel_json(job_id)
 
     # ---- backends ------------------------------------------------------------------
 
@@ -311,7 +308,10 @@ def create_app(node: Node) -> QuartTrio:
     async def gossip() -> Any:
         if node.federation is None:
             raise NotFound("federation is not enabled on this daemon")
-        return node.federation.handle_gossip(await json_body())
+        try:
+            return node.federation.handle_gossip(await json_body())
+        except ValueError as exc:
+            raise ServiceError(f"bad gossip payload: {exc}") from None
 
     @app.get("/v1/federation/members")
     async def members() -> Any:

@@ -85,7 +85,7 @@ class Settings(BaseModel):
 
     # --- federation ---
     seeds: list[str] = Field(default_factory=list)
-    advertise_url: str | None = None
+    url: str | None = None
     gossip_interval_s: float = Field(1.0, gt=0)
     slurm_seeds: bool = False
 

@@ -14,10 +14,12 @@ get ``drain_timeout_s`` to finish, then are cancelled; sandboxes are torn down; 
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import socket
 import time
+from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -30,11 +32,12 @@ from daemon.journal import Journal
 from daemon.metrics import Metrics
 from daemon.pipeline import Pipeline, Services
 from daemon.sampling import Sampler
-from daemon.service import NotFound, RolloutRequest, RolloutService, Submitted
+from daemon.service import NotFound, RolloutRequest, RolloutService, ServiceUnavailable, Submitted
 from daemon.tasks.registry import TaskRegistry
 from daemon.trajectory import Trajectory
 
 if TYPE_CHECKING:
+    from daemon.forward import Forwarder
     from daemon.llm.chat import ChatRenderer
     from daemon.llm.pool import BackendPool
     from federation import Federation
@@ -72,6 +75,8 @@ class Node:
             settings.state_dir / "journal.sqlite3", boot_id=self.boot_id, ttl_s=settings.result_ttl_s
         )
         self.federation: Federation | None = None
+        self.forwarder: Forwarder | None = None
+        self._nursery: trio.Nursery | None = None
         self.urls: list[str] = []
         self.ready = False
         self.draining = False
@@ -101,6 +106,25 @@ class Node:
                 job.add_listener(self.journal.record_finished)
         return sub
 
+    async def maybe_forward(
+        self, body: dict[str, Any], *, wait: bool, headers: Mapping[str, str]
+    ) -> tuple[int, Any] | None:
+        """Forward a submit to a peer when placement says so; None means run it here."""
+        from federation import is_forwarded
+
+        if self.forwarder is None or self.draining or is_forwarded(headers):
+            return None
+        member = self.forwarder.place()
+        if member is None:
+            return None
+        from daemon.forward import PeerUnavailable
+
+        try:
+            return await self.forwarder.submit(member, body, wait=wait)
+        except PeerUnavailable as exc:
+            log.warning("forwarding to %s failed (%s); running here", member.node_id, exc)
+            return None
+
     def lookup(self, job_id: str) -> Job:
         """A job this process holds (raises NotFound otherwise)."""
         return self.service.get(job_id)
@@ -120,6 +144,71 @@ class Node:
         if isinstance(found, Job):
             self.pipeline.cancel(found)
         return found
+
+    async def rollout_json(self, job_id: str) -> dict[str, Any]:
+        """GET /v1/rollouts/{id}: here, in the journal, or on the peer it was forwarded to."""
+        if self.forwarder is not None and self.forwarder.knows(job_id):
+            return await self._from_peer(self.forwarder.get(job_id))
+        found = await self.find(job_id)
+        return found.trajectory.model_dump(mode="json") if isinstance(found, Job) else found.model_dump(mode="json")
+
+    async def cancel_json(self, job_id: str) -> tuple[dict[str, Any], int]:
+        """DELETE /v1/rollouts/{id}: 202 while it stops, 200 when it was already finished."""
+        if self.forwarder is not None and self.forwarder.knows(job_id):
+            status, body = await self._from_peer(self.forwarder.cancel(job_id))
+            return body, status
+        found = await self.cancel(job_id)
+        if isinstance(found, Trajectory):
+            return {"id": found.id, "status": found.status.value}, 200
+        return {"id": found.id, "status": found.status.value}, 200 if found.done.is_set() else 202
+
+    async def open_stream(self, ids: list[str]) -> trio.MemoryReceiveChannel[str]:
+        """A channel that receives each rollout's trajectory (a JSON line) once, as it finishes.
+
+        Exactly ``len(ids)`` items arrive. Unknown ids raise NotFound before anything starts.
+        Rollouts forwarded to peers are relayed by tasks in this node's nursery; they stop when
+        the receiver is closed.
+        """
+        local: list[Job] = []
+        old: list[str] = []
+        remote: dict[str, list[str]] = {}
+        for job_id in ids:
+            node_id = self.forwarder.node_of(job_id) if self.forwarder is not None else None
+            if node_id is not None:
+                remote.setdefault(node_id, []).append(job_id)
+            elif self.forwarder is not None and self.forwarder.knows(job_id):
+                old.append(json.dumps(await self.forwarder.get(job_id)))
+            else:
+                found = await self.find(job_id)
+                if isinstance(found, Job):
+                    local.append(found)
+                else:
+                    old.append(found.model_dump_json())
+        send, recv = trio.open_memory_channel[str](max(1, len(ids)))
+        for line in old:
+            send.send_nowait(line)
+
+        def deliver(job: Job) -> None:
+            try:
+                send.send_nowait(job.trajectory.model_dump_json())
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+        for job in local:
+            job.add_listener(deliver)
+        if remote:
+            assert self.forwarder is not None and self._nursery is not None
+            for node_id, peer_ids in remote.items():
+                self._nursery.start_soon(self.forwarder.relay, node_id, peer_ids, send.clone())
+        return recv
+
+    async def _from_peer(self, call: Awaitable[Any]) -> Any:
+        from daemon.forward import PeerUnavailable
+
+        try:
+            return await call
+        except PeerUnavailable as exc:
+            raise ServiceUnavailable(str(exc), retry_after_s=5) from None
 
     async def add_backend(self, spec: dict[str, Any]) -> str:
         from daemon.llm.pool import make_backend
@@ -153,7 +242,11 @@ class Node:
                 if self.pool
                 else None
             ),
-            "federation": {"members": self.federation.members()} if self.federation else None,
+            "federation": (
+                {"members": self.federation.members(), **(self.forwarder.statistics() if self.forwarder else {})}
+                if self.federation
+                else None
+            ),
         }
 
     def capacity(self) -> dict[str, Any]:
@@ -199,17 +292,18 @@ class Node:
     async def _run_parts(self, task_status: trio.TaskStatus[Node]) -> None:
         settings = self.settings
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             if self._build_services:
                 await self._start_services(nursery)
             if self.services.renderer is None:
                 self.services.renderer = self.renderer
             await nursery.start(self.pipeline.run)
             await nursery.start(self.sampler.run)
-            if settings.seeds or settings.slurm_seeds:
-                await self._start_federation(nursery)
             nursery.start_soon(self._watch_signals, name="signals")
             http_stop = trio.Event()
             self.urls = await nursery.start(self._serve_http, http_stop.wait)
+            if settings.seeds or settings.slurm_seeds:
+                await self._start_federation(nursery)
             self.ready = True
             log.info("rolloutd %s ready on %s", self.node_id, ", ".join(self.urls))
             task_status.started(self)
@@ -294,20 +388,34 @@ class Node:
         return options
 
     async def _start_federation(self, nursery: trio.Nursery) -> None:
-        from federation import Federation, slurm_seeds
+        from daemon.forward import Forwarder
+        from federation import Federation, Member, slurm_seeds
 
         seeds = list(self.settings.seeds)
         if self.settings.slurm_seeds:
             seeds += await slurm_seeds(self.settings.port)
-        url = self.settings.advertise_url or f"http://{socket.gethostname()}:{self.settings.port}"
+        url = self.settings.url or self.urls[0]
+
+        async def on_dead(member: Member) -> None:
+            assert self.forwarder is not None
+            await self.forwarder.on_dead(member)
+
+        async def on_rejoin(member: Member) -> None:
+            assert self.forwarder is not None
+            await self.forwarder.on_rejoin(member)
+
         self.federation = Federation(
             self.node_id,
             url,
-            seeds=seeds,
-            capacity=self.capacity,
+            seeds=[s for s in seeds if s.rstrip("/") != url.rstrip("/")],
+            capacity=self.capacity,  # type: ignore[arg-type]
             token=self.token,
             gossip_interval_s=self.settings.gossip_interval_s,
+            on_dead=on_dead,
+            on_rejoin=on_rejoin,
         )
+        self.forwarder = Forwarder(self.federation, self.token)
+        await nursery.start(self.forwarder.run)
         await nursery.start(self.federation.run)
 
 

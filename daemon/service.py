@@ -53,6 +53,10 @@ class Draining(ServiceError):
     status, type = 503, "draining"
 
 
+class ServiceUnavailable(ServiceError):
+    status, type = 503, "unavailable"
+
+
 class AgentLimitsModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -1,0 +1,61 @@
+"""Federation of rolloutd daemons: membership, capacity gossip, placement.
+
+Knows nothing of the daemon: the daemon hands a Federation a capacity callback, serves
+`handle_gossip` and `members` on its HTTP API, asks `place()` where a new rollout should
+run, and forwards it itself with `forward_headers(token)`.
+"""
+
+from ._exceptions import (
+    DuplicateJobError,
+    FederationError,
+    GossipPayloadError,
+    PeerAuthError,
+    PeerError,
+    SlurmError,
+)
+from ._federation import Federation, FederationStatistics, MemberCallback
+from ._forwarded import ForwardedJobs
+from ._member import Member, MemberState
+from ._placement import Placement
+from ._render import render_members
+from ._slurm import slurm_seeds
+from ._wire import (
+    FORWARDED_HEADER,
+    FORWARDED_VALUE,
+    GOSSIP_PATH,
+    MEMBERS_PATH,
+    PROTOCOL_VERSION,
+    Capacity,
+    auth_headers,
+    check_token,
+    forward_headers,
+    is_forwarded,
+)
+
+__all__ = [
+    "FORWARDED_HEADER",
+    "FORWARDED_VALUE",
+    "GOSSIP_PATH",
+    "MEMBERS_PATH",
+    "PROTOCOL_VERSION",
+    "Capacity",
+    "DuplicateJobError",
+    "Federation",
+    "FederationError",
+    "FederationStatistics",
+    "ForwardedJobs",
+    "GossipPayloadError",
+    "Member",
+    "MemberCallback",
+    "MemberState",
+    "PeerAuthError",
+    "PeerError",
+    "Placement",
+    "SlurmError",
+    "auth_headers",
+    "check_token",
+    "forward_headers",
+    "is_forwarded",
+    "render_members",
+    "slurm_seeds",
+]

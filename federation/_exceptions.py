@@ -1,0 +1,44 @@
+"""The federation package's exceptions, in one tree.
+
+    FederationError
+    ├── GossipPayloadError    a gossip payload we received is malformed (the route answers 400)
+    ├── PeerError             a call to a peer failed (unreachable, timeout, bad answer)
+    │   └── PeerAuthError     the peer refused our token (401/403)
+    ├── DuplicateJobError     a job id is already tracked as forwarded (never two live copies)
+    └── SlurmError            the Slurm allocation could not be read (slurm_seeds)
+
+Foreign errors (httpx, OSError from scontrol) are mapped to these at the edge and chained.
+"""
+
+from __future__ import annotations
+
+
+class FederationError(Exception):
+    """Base class of every error the federation package raises."""
+
+
+class GossipPayloadError(FederationError, ValueError):
+    """A received gossip payload does not follow the wire format."""
+
+
+class PeerError(FederationError):
+    """A request to a peer failed: unreachable, timed out, or answered with an error."""
+
+    def __init__(self, message: str, *, peer: str) -> None:
+        super().__init__(message)
+        self.peer = peer
+
+
+class PeerAuthError(PeerError):
+    """The peer refused our token (HTTP 401 or 403)."""
+
+
+class DuplicateJobError(FederationError, KeyError):
+    """The job id is already tracked as forwarded to a peer."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class SlurmError(FederationError):
+    """The node list of the Slurm allocation could not be read."""

@@ -1,0 +1,158 @@
+"""The wire format of gossip: constants, the capacity record, payload validation, auth."""
+
+from __future__ import annotations
+
+import hmac
+import math
+from collections.abc import Mapping
+from typing import Any, Final, TypedDict, TypeGuard
+
+from ._exceptions import GossipPayloadError
+
+GOSSIP_PATH: Final = "/v1/federation/gossip"
+"""Route a member POSTs its view to; the answer is the peer's view."""
+MEMBERS_PATH: Final = "/v1/federation/members"
+"""Route that lists the members as JSON."""
+FORWARDED_HEADER: Final = "X-Rolloutd-Forwarded"
+"""Header on a forwarded rollout; a node that receives it never forwards the job again."""
+FORWARDED_VALUE: Final = "1"
+PROTOCOL_VERSION: Final = 1
+MAX_PAYLOAD_MEMBERS: Final = 10_000
+STATES: Final = ("alive", "suspect", "dead", "left")
+
+
+class Capacity(TypedDict):
+    """What a node can take now; the daemon's capacity callback returns one."""
+
+    free_slots: int  # rollouts it can start now without queueing
+    queued: int  # accepted, waiting for a worker
+    in_flight: int  # running now
+    healthy_backends: int  # LLM backends that pass their health check
+    draining: bool  # shutting down: takes no new work
+
+
+class MemberRecord(TypedDict):
+    """One member as it travels in a gossip payload."""
+
+    node_id: str
+    url: str
+    incarnation: int
+    heartbeat: int
+    capacity: Capacity
+    updated_at: float  # the owner's wall clock (time.time()) at its last heartbeat
+    state: str  # one of STATES
+
+
+_CAPACITY_INTS: Final = ("free_slots", "queued", "in_flight", "healthy_backends")
+
+
+def empty_capacity() -> Capacity:
+    return Capacity(free_slots=0, queued=0, in_flight=0, healthy_backends=0, draining=False)
+
+
+def check_capacity(value: Any, *, what: str = "capacity") -> Capacity:
+    """Return a clean Capacity from `value`; raise GossipPayloadError when it is malformed."""
+    if not isinstance(value, Mapping):
+        raise GossipPayloadError(f"{what} must be an object")
+    ints: dict[str, int] = {}
+    for key in _CAPACITY_INTS:
+        v = value.get(key)
+        if not _is_int(v) or v < 0:
+            raise GossipPayloadError(f"{what}.{key} must be a non-negative integer, got {v!r}")
+        ints[key] = v
+    draining = value.get("draining")
+    if not isinstance(draining, bool):
+        raise GossipPayloadError(f"{what}.draining must be a boolean, got {draining!r}")
+    return Capacity(
+        free_slots=ints["free_slots"],
+        queued=ints["queued"],
+        in_flight=ints["in_flight"],
+        healthy_backends=ints["healthy_backends"],
+        draining=draining,
+    )
+
+
+def parse_payload(payload: Any) -> list[MemberRecord]:
+    """Validate a gossip payload `{"protocol": 1, "members": [...]}` and return its records."""
+    if not isinstance(payload, Mapping):
+        raise GossipPayloadError("gossip payload must be a JSON object")
+    protocol = payload.get("protocol", PROTOCOL_VERSION)
+    if protocol != PROTOCOL_VERSION:
+        raise GossipPayloadError(f"unsupported gossip protocol {protocol!r}")
+    members = payload.get("members")
+    if not isinstance(members, list):
+        raise GossipPayloadError("gossip payload needs a 'members' list")
+    if len(members) > MAX_PAYLOAD_MEMBERS:
+        raise GossipPayloadError(f"too many members ({len(members)} > {MAX_PAYLOAD_MEMBERS})")
+    return [_parse_record(m, i) for i, m in enumerate(members)]
+
+
+def _parse_record(raw: Any, index: int) -> MemberRecord:
+    where = f"members[{index}]"
+    if not isinstance(raw, Mapping):
+        raise GossipPayloadError(f"{where} must be an object")
+    node_id, url, state = raw.get("node_id"), raw.get("url"), raw.get("state")
+    if not isinstance(node_id, str) or not 0 < len(node_id) <= 256:
+        raise GossipPayloadError(f"{where}.node_id must be a non-empty string")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")) or len(url) > 2048:
+        raise GossipPayloadError(f"{where}.url must be an http(s) URL")
+    if state not in STATES:
+        raise GossipPayloadError(f"{where}.state must be one of {', '.join(STATES)}")
+    for key in ("incarnation", "heartbeat"):
+        v = raw.get(key)
+        if not _is_int(v) or v < 0:
+            raise GossipPayloadError(f"{where}.{key} must be a non-negative integer")
+    updated_at = raw.get("updated_at")
+    if not isinstance(updated_at, int | float) or isinstance(updated_at, bool):
+        raise GossipPayloadError(f"{where}.updated_at must be a number")
+    if not math.isfinite(updated_at):
+        raise GossipPayloadError(f"{where}.updated_at must be finite")
+    return MemberRecord(
+        node_id=node_id,
+        url=normalize_url(url),
+        incarnation=raw["incarnation"],
+        heartbeat=raw["heartbeat"],
+        capacity=check_capacity(raw.get("capacity"), what=f"{where}.capacity"),
+        updated_at=float(updated_at),
+        state=state,
+    )
+
+
+def _is_int(v: object) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def normalize_url(url: str) -> str:
+    """The base URL of a daemon without a trailing slash, so URLs compare equal."""
+    return url.rstrip("/")
+
+
+def auth_headers(token: str | None) -> dict[str, str]:
+    """`Authorization: Bearer <token>` when a token is set, else nothing."""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def forward_headers(token: str | None) -> dict[str, str]:
+    """Headers for a rollout forwarded to a peer: auth plus the no-re-forwarding mark."""
+    return {**auth_headers(token), FORWARDED_HEADER: FORWARDED_VALUE}
+
+
+def is_forwarded(headers: Mapping[str, str]) -> bool:
+    """True when a request carries the forwarded mark (never forward it again).
+
+    `headers` must be case-insensitive (quart, httpx and starlette headers are)."""
+    return headers.get(FORWARDED_HEADER) == FORWARDED_VALUE
+
+
+def check_token(authorization: str | None, token: str | None) -> bool:
+    """Whether an `Authorization` header value carries `token`. True when no token is set.
+
+    Compares in constant time (hmac.compare_digest)."""
+    if not token:
+        return True
+    if not authorization:
+        return False
+    scheme, _, given = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(given.strip().encode(), token.encode())

@@ -1,0 +1,130 @@
+"""Three real daemons (in one process, real loopback HTTP) federated: placement, forwarding,
+results and cancels through the front, and a dying peer's rollouts failing explicitly."""
+
+from __future__ import annotations
+
+import socket
+
+import trio
+
+from daemon.client import AsyncClient
+from daemon.llm.pool import BackendPool, make_backend
+from daemon.node import Node
+from daemon.pipeline import Services
+from daemon.trajectory import Stage
+
+from .conftest import make_settings, sleep_task
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+async def start_cluster(tmp_path, nursery, n: int = 3) -> list[tuple[Node, trio.CancelScope]]:
+    ports = free_ports(n)
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    nodes = []
+    for i, port in enumerate(ports):
+        settings = make_settings(
+            tmp_path / f"n{i}", port=port, node_id=f"node{i}", url=urls[i], seeds=urls, token="fedtok",
+            n_init=1, n_run=1, n_eval=1, gossip_interval_s=0.1,
+        )
+        # Placement only sends work to peers with a healthy LLM backend: give each one.
+        pool = BackendPool(health_interval_s=0.5)
+        await nursery.start(pool.run)
+        pool.add(make_backend({"kind": "scripted", "replies": ["unused"]}), backend_id="scripted")
+        node = Node(settings, services=Services(pool=pool))
+        scope_holder: list[trio.CancelScope] = []
+
+        async def run_scoped(node: Node = node, holder=scope_holder, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+            with trio.CancelScope() as scope:
+                holder.append(scope)
+                await node.run(task_status=task_status)
+
+        await nursery.start(run_scoped)
+        nodes.append((node, scope_holder[0]))
+    with trio.fail_after(10):
+        while not all(
+            sum(m["state"] == "alive" for m in node.federation.members()) == n for node, _ in nodes
+        ):
+            await trio.sleep(0.05)
+    return nodes
+
+
+def executed(node: Node) -> int:
+    return node.pipeline.stats[Stage.eval].finished
+
+
+async def test_forwarding_runs_each_rollout_once_and_results_go_through_the_front(tmp_path, nursery):
+    cluster = await start_cluster(tmp_path, nursery)
+    front = cluster[0][0]
+    async with AsyncClient(front.urls[0], token="fedtok") as c:
+        ids = []
+        for _ in range(30):
+            ids += (await c.submit(sleep_task(run_s=0.2))).ids
+        trajs = await c.wait(ids)
+        assert [t.status.value for t in trajs] == ["completed"] * 30
+        assert front.forwarder is not None and front.forwarder.forwarded_total > 0
+        ran = [executed(node) for node, _ in cluster]
+        assert sum(ran) == 30, ran
+        assert all(r > 0 for r in ran), ran  # every daemon took a share
+        remote = [i for i in ids if front.forwarder.node_of(i)]
+        assert remote
+        one = await c.get(remote[0])
+        assert one.status.value == "completed"
+        long = []
+        for _ in range(6):
+            long += (await c.submit(sleep_task(run_s=60))).ids
+        remote_long = [i for i in long if front.forwarder.node_of(i)]
+        assert remote_long
+        await c.cancel(remote_long[0])
+        [t] = await c.wait(remote_long[:1])
+        assert t.status.value == "cancelled"
+        for i in long:
+            await c.cancel(i)
+    for node, _ in cluster:
+        node.request_stop()
+
+
+async def test_a_dying_peer_fails_its_forwarded_rollouts_explicitly(tmp_path, nursery):
+    cluster = await start_cluster(tmp_path, nursery)
+    front = cluster[0][0]
+    async with AsyncClient(front.urls[0], token="fedtok") as c:
+        ids = []
+        for _ in range(9):
+            ids += (await c.submit(sleep_task(run_s=60))).ids
+        victim, victim_scope = cluster[2]
+        on_victim = [i for i in ids if front.forwarder.node_of(i) == victim.node_id]
+        assert on_victim
+        victim_scope.cancel()  # the peer goes away abruptly (its jobs die with it)
+        with trio.fail_after(20):
+            lost = [t async for t in c.stream(on_victim)]
+        assert {t.status.value for t in lost} == {"failed"}
+        assert {t.error.type for t in lost} == {"peer_lost"}
+        assert all(not t.usable for t in lost)
+        for i in ids:
+            if i not in on_victim:
+                await c.cancel(i)
+    for node, _ in cluster[:2]:
+        node.request_stop()
+
+
+async def test_peers_with_the_wrong_token_do_not_join(tmp_path, nursery):
+    ports = free_ports(2)
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    nodes = []
+    for i, (port, token) in enumerate(zip(ports, ["a", "b"], strict=True)):
+        node = Node(make_settings(tmp_path / f"w{i}", port=port, node_id=f"w{i}", url=urls[i], seeds=urls,
+                                  token=token, gossip_interval_s=0.1), services=Services())
+        await nursery.start(node.run)
+        nodes.append(node)
+    await trio.sleep(1.0)
+    for node in nodes:
+        assert [m["node_id"] for m in node.federation.members() if m["state"] == "alive"] == [node.node_id]
+        node.request_stop()

@@ -1,0 +1,162 @@
+"""Placement: run locally or forward to the peer with more headroom (two choices)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import trio
+
+from federation import Federation, ForwardedJobs, Member, MemberState, Placement
+
+from .conftest import Cap, open_cluster
+
+
+def peer(
+    name: str,
+    free: int,
+    *,
+    queued: int = 0,
+    state: MemberState = MemberState.ALIVE,
+    draining: bool = False,
+    backends: int = 1,
+) -> Member:
+    m = Member(node_id=name, url=f"http://{name}:1", state=state)
+    m.capacity = Cap(free_slots=free, queued=queued, draining=draining, healthy_backends=backends)()
+    return m
+
+
+def test_local_room_runs_locally_whatever_the_peers():
+    p = Placement(rng=random.Random(1))
+    assert p.choose(Cap(free_slots=1)(), [peer("b", 100)]) is None
+
+
+def test_full_node_forwards_to_the_better_of_two_sampled_peers():
+    p = Placement(rng=random.Random(1))
+    peers = [peer("b", 3), peer("c", 9)]
+    assert p.choose(Cap(free_slots=0)(), peers).node_id == "c"
+
+
+def test_power_of_two_choices_never_picks_the_worst_of_three():
+    p = Placement(rng=random.Random(2))
+    peers = [peer("b", 1), peer("c", 5), peer("d", 9)]
+    picks = Counter(p.choose(Cap(free_slots=0)(), peers).node_id for _ in range(300))
+    assert picks["b"] == 0 and picks["d"] > picks["c"] > 0
+
+
+def test_full_cluster_queues_locally_on_ties_and_forwards_to_shorter_queues():
+    p = Placement(rng=random.Random(3))
+    local = Cap(free_slots=0, queued=4)()
+    assert p.choose(local, [peer("b", 0, queued=4)]) is None
+    assert p.choose(local, [peer("b", 0, queued=2)]).node_id == "b"
+
+
+def test_peers_that_take_no_work_are_never_chosen():
+    p = Placement(rng=random.Random(4))
+    peers = [
+        peer("s", 9, state=MemberState.SUSPECT),
+        peer("d", 9, state=MemberState.DEAD),
+        peer("l", 9, state=MemberState.LEFT),
+        peer("x", 9, draining=True),
+        peer("n", 9, backends=0),
+    ]
+    assert p.choose(Cap(free_slots=0)(), peers) is None
+
+
+def test_draining_or_backendless_node_forwards_even_to_a_busier_peer():
+    p = Placement(rng=random.Random(5))
+    busy = [peer("b", 0, queued=10)]
+    assert p.choose(Cap(free_slots=8, draining=True)(), busy).node_id == "b"
+    assert p.choose(Cap(free_slots=8, healthy_backends=0)(), busy).node_id == "b"
+
+
+async def test_front_forwards_a_burst_evenly_when_local_capacity_is_full(autojump_clock):
+    async with open_cluster() as c:
+        a = await c.start("a", cap=Cap(free_slots=2))
+        await c.start("b", cap=Cap(free_slots=3))
+        await c.start("c", cap=Cap(free_slots=3))
+        await c.wait_converged()
+        await trio.sleep(1.5)  # everyone has everyone's current capacity
+
+        placed: Counter[str] = Counter()
+        for _ in range(10):
+            m = a.fed.place()
+            if m is not None:
+                placed[m.node_id] += 1
+                continue
+            placed["a"] += 1  # the daemon runs it here: a slot less, or a longer queue
+            if a.cap.free_slots:
+                a.cap.free_slots -= 1
+            else:
+                a.cap.queued += 1
+        # 2 run here while there is room; b and c then take 3 each (their headroom, debited
+        # per placement since their gossip is not fresh yet); with everyone at 0 a tie
+        # queues here (headroom -1), and the next one goes to a peer again.
+        assert placed["a"] == 3
+        assert placed["b"] + placed["c"] == 7
+        assert abs(placed["b"] - placed["c"]) <= 1
+
+
+async def test_a_new_capacity_report_replaces_the_debit(autojump_clock):
+    async with open_cluster() as c:
+        a = await c.start("a", cap=Cap(free_slots=0))
+        b = await c.start("b", cap=Cap(free_slots=1))
+        await c.wait_converged()
+        await trio.sleep(1.5)
+        assert a.fed.place().node_id == "b"
+        assert a.fed.place() is None  # b's headroom is spent until it reports again
+        await trio.sleep(1.5)  # b's next heartbeat still says free_slots=1
+        assert a.fed.place().node_id == "b"
+        b.cap.free_slots = 0
+        await trio.sleep(1.5)
+        assert a.fed.place() is None
+
+
+async def test_a_dead_peer_turns_its_forwarded_jobs_into_failures_once(autojump_clock):
+    """No double execution: the front fails the dead peer's jobs and never re-runs them;
+    if the peer was only presumed dead, its orphans are handed back for cancelling."""
+    tracker = ForwardedJobs()
+    failed: list[str] = []
+    orphans: list[str] = []
+
+    async def on_dead(m: Member) -> None:
+        failed.extend(tracker.fail_node(m.node_id))
+
+    async def on_rejoin(m: Member) -> None:
+        orphans.extend(tracker.take_orphans(m.node_id))
+
+    async with open_cluster() as c:
+        a_url = "http://a:8000"
+        net = c.net
+        a = Federation(
+            "a",
+            a_url,
+            capacity=Cap(free_slots=0),
+            transport=net.transport(a_url),
+            on_dead=on_dead,
+            on_rejoin=on_rejoin,
+            **c.defaults,
+        )
+        net.add(a)
+        c.nursery.start_soon(a.run)
+        await c.start("b", seeds=[a_url], cap=Cap(free_slots=5))
+        while a.member("b") is None or a.member("b").capacity["free_slots"] != 5:
+            await trio.sleep(0.1)
+
+        for i in range(3):
+            m = a.place()
+            assert m is not None and m.node_id == "b"
+            tracker.add(f"job-{i}", m.node_id)
+        tracker.discard("job-0")  # its result came back through the front
+
+        c.kill("b")
+        while not failed:
+            await trio.sleep(0.1)
+        assert failed == ["job-1", "job-2"]
+        assert tracker.jobs_on("b") == [] and len(tracker) == 0
+
+        await c.start("b", seeds=[a_url], cap=Cap(free_slots=5))
+        while not orphans:
+            await trio.sleep(0.1)
+        assert orphans == ["job-1", "job-2"]
+        assert tracker.take_orphans("b") == []

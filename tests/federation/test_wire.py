@@ -1,0 +1,105 @@
+"""Gossip payload validation, tokens and the forwarded header."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from federation import (
+    FORWARDED_HEADER,
+    Federation,
+    GossipPayloadError,
+    check_token,
+    forward_headers,
+    is_forwarded,
+)
+
+from .conftest import Cap
+
+
+def record(**over):
+    base = {
+        "node_id": "b",
+        "url": "http://b:1/",
+        "incarnation": 1,
+        "heartbeat": 2,
+        "capacity": Cap()(),
+        "updated_at": 1.5,
+        "state": "alive",
+    }
+    return {**base, **over}
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        [],
+        {"members": "x"},
+        {"protocol": 2, "members": []},
+        {"members": [1]},
+        {"members": [record(node_id="")]},
+        {"members": [record(url="ftp://b")]},
+        {"members": [record(state="zombie")]},
+        {"members": [record(incarnation=-1)]},
+        {"members": [record(heartbeat=True)]},
+        {"members": [record(updated_at="now")]},
+        {"members": [record(updated_at=float("nan"))]},
+        {"members": [record(capacity={"free_slots": 1})]},
+        {"members": [record(capacity={**Cap()(), "draining": "no"})]},
+        {"members": [record(capacity={**Cap()(), "queued": -1})]},
+    ],
+)
+async def test_malformed_gossip_is_refused_and_merges_nothing(payload):
+    fed = Federation("a", "http://a:1", capacity=Cap())
+    with pytest.raises(GossipPayloadError):
+        fed.handle_gossip(payload)
+    assert [m["node_id"] for m in fed.members()] == ["a"]
+
+
+async def test_good_gossip_merges_and_answers_our_view():
+    fed = Federation("a", "http://a:1/", capacity=Cap(), incarnation=3)
+    answer = fed.handle_gossip({"protocol": 1, "members": [record()]})
+    assert answer["protocol"] == 1
+    assert [(m["node_id"], m["url"]) for m in answer["members"]] == [
+        ("a", "http://a:1"),
+        ("b", "http://b:1"),
+    ]
+    rows = fed.members()
+    assert set(rows[0]) == {
+        "node_id",
+        "url",
+        "incarnation",
+        "heartbeat",
+        "capacity",
+        "updated_at",
+        "state",
+        "last_heard_s",
+        "self",
+    }
+    assert rows[0]["self"] and not rows[1]["self"]
+
+
+def test_check_token():
+    assert check_token(None, None)
+    assert check_token("Bearer whatever", None)
+    assert check_token("Bearer s3cret", "s3cret")
+    assert check_token("bearer s3cret", "s3cret")
+    assert not check_token(None, "s3cret")
+    assert not check_token("Bearer wrong", "s3cret")
+    assert not check_token("Basic s3cret", "s3cret")
+    assert not check_token("s3cret", "s3cret")
+
+
+def test_forward_headers_mark_and_authenticate():
+    h = httpx.Headers(forward_headers("tok"))
+    assert h["authorization"] == "Bearer tok"
+    assert h[FORWARDED_HEADER.lower()] == "1"
+    assert is_forwarded(h)
+    assert not is_forwarded(httpx.Headers({}))
+    assert forward_headers(None) == {FORWARDED_HEADER: "1"}
+
+
+async def test_bad_capacity_callback_is_a_type_error():
+    fed = Federation("a", "http://a:1", capacity=lambda: {"free_slots": "many"})  # type: ignore[arg-type,return-value]
+    with pytest.raises(Exception, match="capacity"):
+        fed.place()
