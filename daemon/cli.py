@@ -55,6 +55,16 @@ def _parser() -> argparse.ArgumentParser:
     submit.add_argument("--out", type=Path, help="write trajectories here (JSONL)")
     submit.add_argument("--timeout-s", type=float, default=None)
     submit.add_argument("--max-turns", type=int, default=None)
+    batch = submit.add_argument_group("dynamic sampling (--batch; see docs/sampling.md)")
+    batch.add_argument("--batch", action="store_true",
+                       help="run the tasks as prompts of a dynamic-sampling batch")
+    batch.add_argument("--group-size", type=int, default=None, help="G: samples per group (default --n)")
+    batch.add_argument("--keep", type=int, default=None, help="K: groups to keep")
+    batch.add_argument("--max-in-flight", type=int, default=None, help="groups running at once")
+    batch.add_argument("--max-gen-groups", type=int, default=None, help="bound on groups tried")
+    batch.add_argument("--metric", default=None, help="filter on this reward_info key (default reward)")
+    batch.add_argument("--keep-running", action="store_true",
+                       help="do not cancel the batch if this command is interrupted")
 
     demo = sub.add_parser("demo", help="run a real rollout demo on the embedded default")
     demo.add_argument("--out", type=Path, default=Path("trajectories.jsonl"))
@@ -137,9 +147,25 @@ def cmd_submit(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"timeout_s": args.timeout_s}
     if args.max_turns is not None:
         options["limits"] = {"max_turns": args.max_turns}
+    if args.batch:
+        return _submit_batch(args, tasks, options)
     with _client(args) as c:
         submit_with_progress(c, tasks, n=args.n, out=args.out, options=options)
     return 0
+
+
+def _submit_batch(args: argparse.Namespace, tasks: list[dict[str, Any]], options: dict[str, Any]) -> int:
+    from daemon.render import sample_batch_with_progress
+
+    if args.keep is None or args.keep < 1:
+        raise CliError("--batch needs --keep K (K >= 1)")
+    options.update(max_in_flight_groups=args.max_in_flight, max_gen_groups=args.max_gen_groups,
+                   cancel_on_disconnect=not args.keep_running,
+                   filter={"metric": args.metric} if args.metric else None)
+    with _client(args) as c, _client(args) as poller:
+        st = sample_batch_with_progress(c, tasks, group_size=args.group_size or args.n, keep=args.keep,
+                                        out=args.out, options=options, status=poller.batch_status)
+    return 0 if st["state"] == "completed" else 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

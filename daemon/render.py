@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from daemon.client import Client
+from daemon.client import Client, RolloutdError
 from daemon.trajectory import Trajectory
 
 
@@ -94,3 +95,55 @@ def submit_with_progress(
     console.print(f"{len(results)} rollouts: " + ", ".join(f"{k} {v}" for k, v in counts.items())
                   + f"; mean reward {mean:.3f}" + (f"; written to {out}" if out else ""))
     return results
+
+
+def _batch_info(st: Mapping[str, Any]) -> str:
+    reasons = " ".join(f"{k}={v}" for k, v in st["filtered_reasons"].items())
+    return (f"tried {st['tried']}  in flight {st['in_flight']}  filtered {st['filtered']}"
+            + (f" ({reasons})" if reasons else "") + (f"  cancelled {st['cancelled']}" if st["cancelled"] else ""))
+
+
+def sample_batch_with_progress(
+    client: Client,
+    tasks: Sequence[Mapping[str, Any]],
+    *,
+    group_size: int,
+    keep: int,
+    out: Path | None,
+    options: Mapping[str, Any],
+    status: Callable[[str], dict[str, Any]] | None = None,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Run a dynamic-sampling batch with a progress bar of kept groups; kept groups go to ``out``
+    (JSONL). ``status`` (a second client's ``batch_status``) refreshes the counts twice a second."""
+    console = console or Console(stderr=True)
+    st = client.create_batch(tasks, group_size=group_size, keep=keep, **options)
+    done = threading.Event()
+    sink = out.open("w") if out else None
+    try:
+        with Progress(TextColumn("kept groups"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.fields[info]}"), console=console) as progress:
+            bar = progress.add_task("kept", total=keep, info=_batch_info(st))
+
+            def poll() -> None:
+                while status is not None and not done.wait(0.5):
+                    try:
+                        progress.update(bar, info=_batch_info(status(st["id"])))
+                    except RolloutdError:
+                        return
+
+            threading.Thread(target=poll, name="batch-progress", daemon=True).start()
+            for group in client.batch_groups(st["id"]):
+                if sink:
+                    line = {**vars(group), "rollouts": [t.model_dump(mode="json") for t in group.rollouts]}
+                    sink.write(json.dumps(line) + "\n")
+                progress.update(bar, advance=1)
+            st = client.batch_status(st["id"])
+            progress.update(bar, completed=st["kept"], info=_batch_info(st))
+    finally:
+        done.set()
+        if sink:
+            sink.close()
+    console.print(f"batch {st['id']} {st['state']} ({st['stop_reason']}): kept {st['kept']}/{keep}, "
+                  + _batch_info(st) + (f"; written to {out}" if out else ""))
+    return st

@@ -1,0 +1,142 @@
+"""HTTP routes for dynamic-sampling batches (``/v1/batches``). No business logic.
+
+    POST   /v1/batches                 create a batch; 202 with its progress
+    GET    /v1/batches/{id}            progress: tried, kept, filtered (and why), in flight, cancelled
+    GET    /v1/batches/{id}/groups     NDJSON, one kept group per line as it is kept; ends with the batch
+    DELETE /v1/batches/{id}            cancel; running groups are cancelled
+
+A batch created with ``cancel_on_disconnect: true`` (the default) is cancelled when the last
+client streaming its groups goes away before the batch ends.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+from quart import Response, request
+from quart_schema import document_request, document_response
+
+from daemon.api import NDJSON, ErrorResponse, json_body, parse
+from daemon.sampling import BatchRequest
+from daemon.service import ServiceError
+from daemon.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from quart_trio import QuartTrio
+
+    from daemon.node import Node
+
+
+class GroupSummary(BaseModel):
+    group_id: str
+    prompt_index: int
+    state: str = Field(description="running | kept | filtered | cancelled")
+    reason: str | None = Field(
+        None, description="all_equal | low_std | missing_metric | infrastructure"
+    )
+    detail: str | None = None
+    rewards: list[float | None]
+
+
+class BatchStatus(BaseModel):
+    id: str
+    state: str = Field(description="running | completed | exhausted | cancelled")
+    stop_reason: str | None = Field(
+        None,
+        description="kept | prompts_exhausted | max_gen_groups | draining | why it was cancelled",
+    )
+    prompts: int
+    group_size: int
+    keep: int
+    max_in_flight_groups: int
+    max_gen_groups: int
+    cancel_on_disconnect: bool
+    tried: int = Field(description="Groups started.")
+    kept: int
+    filtered: int
+    filtered_reasons: dict[str, int]
+    in_flight: int
+    cancelled: int = Field(description="Groups stopped unjudged when the batch ended.")
+    elapsed_s: float
+    created_at: float
+    filtered_groups: list[GroupSummary]
+
+
+class KeptGroup(BaseModel):
+    """One line of GET /v1/batches/{id}/groups."""
+
+    group_id: str
+    prompt_index: int
+    task: dict[str, Any]
+    rewards: list[float | None]
+    rollouts: list[Trajectory]
+
+
+def _start_arg() -> int:
+    raw = request.args.get("start", "0")
+    try:
+        start = int(raw)
+    except ValueError:
+        start = -1
+    if start < 0:
+        raise ServiceError(f"start must be a non-negative integer, not {raw!r}")
+    return start
+
+
+def register_batch_routes(app: QuartTrio, node: Node) -> None:
+    sampler = node.sampler
+
+    @app.post("/v1/batches")
+    @document_request(BatchRequest)
+    @document_response(BatchStatus, 202)
+    @document_response(ErrorResponse, 422)
+    async def create_batch() -> Any:
+        """Dynamic sampling: run groups until `keep` pass the filter; 202 with the progress."""
+        req = parse(BatchRequest, await json_body())
+        batch = sampler.create(req)
+        return batch.status(), 202, {"Location": f"/v1/batches/{batch.id}"}
+
+    @app.get("/v1/batches/<batch_id>")
+    @document_response(BatchStatus, 200)
+    @document_response(ErrorResponse, 404)
+    async def get_batch(batch_id: str) -> Any:
+        """Progress: groups tried, kept, filtered (with reasons), in flight, cancelled."""
+        return sampler.get(batch_id).status()
+
+    @app.get("/v1/batches/<batch_id>/groups")
+    @document_response(ErrorResponse, 404)
+    async def batch_groups(batch_id: str) -> Any:
+        """NDJSON: one kept group per line (see KeptGroup), from index `start`; ends with the batch."""
+        batch = sampler.get(batch_id)
+        start = _start_arg()
+
+        async def lines() -> AsyncIterator[bytes]:
+            batch.readers += 1
+            finished = False
+            try:
+                i = start
+                while True:
+                    while i < len(batch.kept_groups):
+                        yield (json.dumps(batch.kept_groups[i].line()) + "\n").encode()
+                        i += 1
+                    if batch.done.is_set():
+                        break
+                    await batch.wait_changed()
+                finished = True
+            finally:
+                batch.readers -= 1
+                if (not finished and batch.readers == 0 and batch.request.cancel_on_disconnect
+                        and not batch.done.is_set()):
+                    sampler.cancel(batch.id, reason="the client streaming its groups disconnected")
+
+        return Response(lines(), mimetype=NDJSON)
+
+    @app.delete("/v1/batches/<batch_id>")
+    @document_response(BatchStatus, 202)
+    async def cancel_batch(batch_id: str) -> Any:
+        """Cancel: running groups are cancelled (sandboxes released, LLM requests aborted)."""
+        batch = sampler.cancel(batch_id)
+        return batch.status(), 200 if batch.done.is_set() else 202

@@ -1,0 +1,489 @@
+"""Groups and DAPO dynamic sampling: keep K informative groups out of a prompt list.
+
+A batch asks for ``keep`` (K) groups of ``group_size`` (G) samples each. The sampler keeps
+up to ``max_in_flight_groups`` groups running, judges each group the moment its G samples
+are terminal, streams kept groups at once, and starts a group from the next prompt in its
+place, so the pipeline never drains in lock-step. It stops when K groups are kept, or when
+nothing is in flight and no further group may start (prompts used up, ``max_gen_groups``
+groups tried, or the daemon draining); groups still running then are cancelled, which
+releases their sandboxes and aborts their LLM requests.
+
+    Sampler.run                  owns a nursery; one task per batch
+    └─ batch task                submit -> wait for any group -> judge -> replenish
+
+Groups go through ``RolloutService.submit`` like any rollout (intake, back-pressure,
+result store); the G samples share a ``group_id``, so the LLM pool routes them to one
+backend (prefix reuse). A group with any unusable sample (failed, cancelled, not usable
+timed out) is filtered with reason ``infrastructure``; it is not resubmitted and never
+counted as reward 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Literal
+
+import trio
+from pydantic import BaseModel, ConfigDict, Field
+
+from daemon.jobs import Job, new_id
+from daemon.llm.base import SamplingParams
+from daemon.service import (
+    AgentLimitsModel,
+    Draining,
+    InvalidTask,
+    NotFound,
+    QueueFullError,
+    RolloutRequest,
+    RolloutService,
+    ServiceError,
+    Submitted,
+)
+from daemon.tasks.base import TaskError
+
+log = logging.getLogger(__name__)
+
+#: When the intake is full, how often a batch retries starting a group (if none finishes).
+QUEUE_FULL_RETRY_S = 0.2
+#: How long a finished batch waits for its cancelled leftovers to unwind.
+LEFTOVER_WAIT_S = 30.0
+
+
+class TooManyBatches(ServiceError):
+    status, type = 429, "too_many_batches"
+
+
+# ---- the request -----------------------------------------------------------------------
+
+
+class GroupFilter(BaseModel):
+    """Which finished groups are kept."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rule: Literal["not_all_equal", "keep_all"] = Field(
+        "not_all_equal",
+        description="not_all_equal (DAPO): drop a group whose metric is the same for every "
+        "sample; keep_all: keep every group whose samples are all usable.",
+    )
+    metric: str = Field(
+        "reward", min_length=1, max_length=200,
+        description="`reward`, or a numeric/boolean key of each trajectory's reward_info (e.g. acc).",
+    )
+    min_std: float = Field(
+        0.0, ge=0, description="not_all_equal also drops groups whose metric std is <= this."
+    )
+
+
+class BatchRequest(BaseModel):
+    """Dynamic sampling: groups of ``group_size`` samples until ``keep`` groups pass the filter."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompts: list[dict[str, Any]] = Field(
+        min_length=1, max_length=100_000, description="Tasks, tried in order, one group each."
+    )
+    group_size: int = Field(ge=1, description="G: samples per group.")
+    keep: int = Field(ge=1, description="K: groups to keep.")
+    max_in_flight_groups: int | None = Field(
+        None, ge=1, le=100_000, description="Groups running at once (default: keep)."
+    )
+    max_gen_groups: int | None = Field(
+        None, ge=1, description="Bound on groups tried (default: every prompt once)."
+    )
+    filter: GroupFilter = Field(default_factory=GroupFilter)
+    cancel_on_disconnect: bool = Field(
+        True,
+        description="Cancel the batch when the last client streaming its groups disconnects "
+        "before it ends. False: it runs on; reconnect with ?start=N.",
+    )
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    limits: AgentLimitsModel = Field(default_factory=AgentLimitsModel)
+    timeout_s: float | None = Field(None, gt=0, description="Work budget per sample.")
+    priority: int = Field(0, ge=-1000, le=1000)
+    labels: list[str] = Field(default_factory=list, max_length=30)
+
+
+# ---- state -----------------------------------------------------------------------------
+
+
+class BatchState(StrEnum):
+    running = "running"
+    completed = "completed"  # K groups kept
+    exhausted = "exhausted"  # nothing left to try, fewer than K kept
+    cancelled = "cancelled"  # DELETE, client disconnect, daemon stop
+
+
+class GroupState(StrEnum):
+    running = "running"
+    kept = "kept"
+    filtered = "filtered"
+    cancelled = "cancelled"
+
+
+@dataclass(eq=False)
+class Group:
+    """One prompt's G samples."""
+
+    index: int
+    group_id: str
+    task: dict[str, Any]
+    jobs: list[Job]
+    state: GroupState = GroupState.running
+    reason: str | None = None
+    detail: str | None = None
+    pending: int = 0
+
+    @property
+    def rewards(self) -> list[float | None]:
+        return [j.trajectory.reward for j in self.jobs]
+
+    def line(self) -> dict[str, Any]:
+        """The NDJSON line of a kept group."""
+        return {
+            "group_id": self.group_id,
+            "prompt_index": self.index,
+            "task": self.task,
+            "rewards": self.rewards,
+            "rollouts": [j.trajectory.model_dump(mode="json") for j in self.jobs],
+        }
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "group_id": self.group_id,
+            "prompt_index": self.index,
+            "state": self.state.value,
+            "reason": self.reason,
+            "detail": self.detail,
+            "rewards": self.rewards,
+        }
+
+
+@dataclass(eq=False)
+class Batch:
+    id: str
+    request: BatchRequest
+    max_in_flight: int
+    max_gen_groups: int
+    state: BatchState = BatchState.running
+    stop_reason: str | None = None
+    groups: list[Group] = field(default_factory=list)
+    kept_groups: list[Group] = field(default_factory=list)
+    filtered_reasons: dict[str, int] = field(default_factory=dict)
+    readers: int = 0
+    running: int = 0  # groups started and not yet judged or cancelled
+    started_at: float = field(default_factory=trio.current_time)
+    created_wall: float = field(default_factory=time.time)
+    ended_at: float | None = None
+    done: trio.Event = field(default_factory=trio.Event)
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    _finished: deque[Group] = field(default_factory=deque)
+    _wake: trio.Event = field(default_factory=trio.Event)
+    _changed: trio.Event = field(default_factory=trio.Event)
+
+    def count(self, state: GroupState) -> int:
+        return sum(1 for g in self.groups if g.state is state)
+
+    def status(self) -> dict[str, Any]:
+        """Progress, as GET /v1/batches/{id} answers it."""
+        req = self.request
+        end = self.ended_at if self.ended_at is not None else trio.current_time()
+        return {
+            "id": self.id,
+            "state": self.state.value,
+            "stop_reason": self.stop_reason,
+            "prompts": len(req.prompts),
+            "group_size": req.group_size,
+            "keep": req.keep,
+            "max_in_flight_groups": self.max_in_flight,
+            "max_gen_groups": self.max_gen_groups,
+            "cancel_on_disconnect": req.cancel_on_disconnect,
+            "tried": len(self.groups),
+            "kept": len(self.kept_groups),
+            "filtered": self.count(GroupState.filtered),
+            "filtered_reasons": dict(self.filtered_reasons),
+            "in_flight": self.running,
+            "cancelled": self.count(GroupState.cancelled),
+            "elapsed_s": round(end - self.started_at, 6),
+            "created_at": self.created_wall,
+            "filtered_groups": [g.summary() for g in self.groups if g.state is GroupState.filtered],
+        }
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_changed(self) -> None:
+        await self._changed.wait()
+
+    def _group_done(self, group: Group) -> None:
+        self._finished.append(group)
+        self._wake.set()
+
+
+# ---- judging ---------------------------------------------------------------------------
+
+
+def _metric(job: Job, metric: str) -> float | None:
+    traj = job.trajectory
+    value = traj.reward if metric == "reward" else traj.reward_info.get(metric)
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, int | float) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def judge(group: Group, flt: GroupFilter) -> tuple[bool, str | None, str | None]:
+    """(keep, reason, detail) for a group whose samples are all terminal."""
+    bad = [j for j in group.jobs if not j.trajectory.usable]
+    if bad:
+        j = bad[0]
+        err = j.trajectory.error
+        what = f"{err.stage}: {err.type}: {err.message}" if err else "not usable"
+        return False, "infrastructure", (
+            f"{len(bad)} of {len(group.jobs)} samples unusable; sample {j.trajectory.sample_index} "
+            f"{j.status.value} ({what})"
+        )
+    values = [_metric(j, flt.metric) for j in group.jobs]
+    if any(v is None for v in values):
+        return False, "missing_metric", f"metric {flt.metric!r} is missing or not a number"
+    if flt.rule == "keep_all":
+        return True, None, None
+    numbers = [v for v in values if v is not None]
+    if max(numbers) == min(numbers):
+        return False, "all_equal", f"every sample has {flt.metric}={numbers[0]:g}"
+    std = statistics.pstdev(numbers)
+    if std <= flt.min_std:
+        return False, "low_std", f"{flt.metric} std {std:.4g} <= min_std {flt.min_std:g}"
+    return True, None, None
+
+
+# ---- the sampler -----------------------------------------------------------------------
+
+
+class Sampler:
+    """Owns every dynamic-sampling batch. Start with ``await nursery.start(sampler.run)``."""
+
+    MAX_LIVE_BATCHES = 256
+    MAX_BATCHES = 1024
+
+    def __init__(
+        self,
+        service: RolloutService,
+        *,
+        submit: Callable[[RolloutRequest], Submitted] | None = None,
+        ttl_s: float | None = None,
+    ) -> None:
+        self.service = service
+        self._submit = submit or service.submit
+        self.ttl_s = ttl_s if ttl_s is not None else service.settings.result_ttl_s
+        self._batches: dict[str, Batch] = {}
+        self._send, self._recv = trio.open_memory_channel[Batch](self.MAX_LIVE_BATCHES)
+        self._running = False
+
+    # ---- lifetime --------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run batches as they are created, until cancelled (which cancels every batch)."""
+        try:
+            async with trio.open_nursery() as nursery, self._recv:
+                self._running = True
+                task_status.started()
+                async for batch in self._recv:
+                    nursery.start_soon(self._run_batch, batch, name=f"batch-{batch.id}")
+        finally:
+            self._running = False
+
+    # ---- operations the API calls ------------------------------------------------------
+
+    def create(self, req: BatchRequest) -> Batch:
+        """Validate a batch request and queue it for the sampler's nursery."""
+        if self.service.draining:
+            raise Draining("the daemon is draining and takes no new batches", retry_after_s=5)
+        if not self._running:
+            raise Draining("the sampler is not running", retry_after_s=5)
+        settings = self.service.settings
+        if req.group_size > settings.max_samples_per_request:
+            raise InvalidTask(f"group_size={req.group_size} exceeds max_samples_per_request="
+                              f"{settings.max_samples_per_request}")
+        if req.group_size > self.service.pipeline.intake.capacity:
+            raise InvalidTask(f"group_size={req.group_size} exceeds the intake queue "
+                              f"({self.service.pipeline.intake.capacity} jobs)")
+        timeout_s = req.timeout_s or settings.default_timeout_s
+        if timeout_s > settings.max_timeout_s:
+            raise InvalidTask(f"timeout_s={timeout_s:g} exceeds max_timeout_s={settings.max_timeout_s:g}")
+        for i, task in enumerate(req.prompts):
+            try:
+                self.service.registry.get(task.get("kind")).validate(task)
+            except TaskError as exc:
+                raise InvalidTask(f"prompts[{i}]: {exc}") from None
+        self._expire()
+        if self.live >= self.MAX_LIVE_BATCHES:
+            raise TooManyBatches(f"{self.live} batches are running; retry later", retry_after_s=5)
+        max_gen = min(len(req.prompts), req.max_gen_groups or len(req.prompts))
+        batch = Batch(
+            id=new_id("b"),
+            request=req,
+            max_in_flight=min(req.max_in_flight_groups or req.keep, max_gen),
+            max_gen_groups=max_gen,
+        )
+        self._send.send_nowait(batch)
+        self._batches[batch.id] = batch
+        log.info("batch %s: %d prompts, G=%d, K=%d, in flight %d, bound %d", batch.id,
+                 len(req.prompts), req.group_size, req.keep, batch.max_in_flight, max_gen)
+        return batch
+
+    def get(self, batch_id: str) -> Batch:
+        self._expire()
+        batch = self._batches.get(batch_id)
+        if batch is None:
+            raise NotFound(f"no batch with id {batch_id!r}")
+        return batch
+
+    def cancel(self, batch_id: str, *, reason: str = "cancelled by request") -> Batch:
+        """Stop a batch; its running groups are cancelled. Idempotent."""
+        batch = self.get(batch_id)
+        if batch.state is BatchState.running and batch.stop_reason is None:
+            batch.stop_reason = reason
+            batch.scope.cancel()
+        return batch
+
+    async def groups(self, batch: Batch, *, start: int = 0) -> AsyncIterator[Group]:
+        """Kept groups from index ``start`` on, as they are kept; ends when the batch ends."""
+        i = start
+        while True:
+            while i < len(batch.kept_groups):
+                yield batch.kept_groups[i]
+                i += 1
+            if batch.done.is_set():
+                return
+            await batch.wait_changed()
+
+    @property
+    def live(self) -> int:
+        return sum(1 for b in self._batches.values() if not b.done.is_set())
+
+    def statistics(self) -> dict[str, Any]:
+        states: dict[str, int] = {}
+        for b in self._batches.values():
+            states[b.state.value] = states.get(b.state.value, 0) + 1
+        return {"batches": states, "live": self.live}
+
+    def _expire(self) -> None:
+        now = trio.current_time()
+        done = [b for b in self._batches.values() if b.ended_at is not None]
+        excess = len(self._batches) - self.MAX_BATCHES
+        for b in sorted(done, key=lambda b: b.ended_at or 0.0):
+            if now - (b.ended_at or now) >= self.ttl_s or excess > 0:
+                del self._batches[b.id]
+                excess -= 1
+
+    # ---- one batch -------------------------------------------------------------------
+
+    async def _run_batch(self, batch: Batch) -> None:
+        try:
+            with batch.scope:
+                await self._drive(batch)
+        finally:
+            leftovers = [g for g in batch.groups if g.state is GroupState.running]
+            for group in leftovers:
+                group.state = GroupState.cancelled
+                batch.running -= 1
+                for job in group.jobs:
+                    self.service.pipeline.cancel(job)
+            if batch.state is BatchState.running:
+                batch.state = BatchState.cancelled
+                batch.stop_reason = batch.stop_reason or "the daemon stopped"
+            # Let the leftovers unwind (sandboxes released) before the batch reports done.
+            with trio.move_on_after(LEFTOVER_WAIT_S, shield=True):
+                for group in leftovers:
+                    for job in group.jobs:
+                        await job.done.wait()
+            batch.ended_at = trio.current_time()
+            batch.done.set()
+            batch._notify()
+            log.info("batch %s %s (%s): tried %d, kept %d, cancelled %d", batch.id,
+                     batch.state.value, batch.stop_reason, len(batch.groups),
+                     len(batch.kept_groups), len(leftovers))
+
+    async def _drive(self, batch: Batch) -> None:
+        req = batch.request
+        blocked: str | None = None  # why no further group may start
+        await trio.lowlevel.checkpoint()  # a batch cancelled before it started submits nothing
+        while True:
+            while batch._finished and len(batch.kept_groups) < req.keep:
+                self._judge(batch, batch._finished.popleft())
+            if len(batch.kept_groups) >= req.keep:
+                batch.state, batch.stop_reason = BatchState.completed, "kept"
+                return
+            retry_s = math.inf
+            while blocked is None and batch.running < batch.max_in_flight:
+                if len(batch.groups) >= len(req.prompts):
+                    blocked = "prompts_exhausted"
+                elif len(batch.groups) >= batch.max_gen_groups:
+                    blocked = "max_gen_groups"
+                else:
+                    try:
+                        self._start_group(batch)
+                    except QueueFullError:
+                        retry_s = QUEUE_FULL_RETRY_S
+                        break
+                    except Draining:
+                        blocked = "draining"
+            if blocked is not None and batch.running == 0 and not batch._finished:
+                batch.state, batch.stop_reason = BatchState.exhausted, blocked
+                return
+            if not batch._finished:
+                with trio.move_on_after(retry_s):
+                    await batch._wake.wait()
+            batch._wake = trio.Event()
+
+    def _start_group(self, batch: Batch) -> None:
+        req = batch.request
+        index = len(batch.groups)
+        task = req.prompts[index]
+        sub = self._submit(RolloutRequest(
+            task=task,
+            n=req.group_size,
+            sampling=req.sampling,
+            limits=req.limits,
+            timeout_s=req.timeout_s,
+            group_id=f"{batch.id}.{index}",
+            priority=req.priority,
+            labels=[*req.labels, f"batch:{batch.id}"],
+        ))
+        group = Group(index=index, group_id=sub.group_id, task=task, jobs=sub.jobs,
+                      pending=len(sub.jobs))
+        batch.groups.append(group)
+        batch.running += 1
+
+        def on_done(job: Job) -> None:
+            group.pending -= 1
+            if group.pending == 0:
+                batch._group_done(group)
+
+        for job in sub.jobs:
+            job.add_listener(on_done)
+        batch._notify()
+
+    def _judge(self, batch: Batch, group: Group) -> None:
+        if group.state is not GroupState.running:
+            return
+        keep, reason, detail = judge(group, batch.request.filter)
+        batch.running -= 1
+        if keep:
+            group.state = GroupState.kept
+            batch.kept_groups.append(group)
+        else:
+            group.state, group.reason, group.detail = GroupState.filtered, reason, detail
+            assert reason is not None
+            batch.filtered_reasons[reason] = batch.filtered_reasons.get(reason, 0) + 1
+        batch._notify()
