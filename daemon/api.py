@@ -12,7 +12,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from quart import Response, request
 from quart_schema import (
     HttpSecurityScheme,
@@ -25,7 +25,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from daemon.jobs import Job
-from daemon.service import NotFound, RolloutRequest, ServiceError
+from daemon.service import NotFound, RolloutRequest, ServiceError, ServiceUnavailable
 from daemon.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -64,7 +64,11 @@ class ErrorResponse(BaseModel):
 
 
 class BackendSpec(BaseModel):
-    kind: str = Field(description="vllm | model-server | transformers | scripted")
+    """A backend to register; each kind takes its own fields (see docs/llm.md)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: str = Field(description="vllm | model-server | transformers | scripted (test double)")
     url: str | None = None
     model: str | None = None
     id: str | None = None
@@ -236,7 +240,7 @@ def create_app(node: Node) -> QuartTrio:
 
     def _pool() -> Any:
         if node.pool is None:
-            raise ServiceError("this daemon has no LLM backend pool")
+            raise ServiceUnavailable("this daemon has no LLM backend pool")
         return node.pool
 
     @app.get("/v1/backends")
@@ -249,8 +253,8 @@ def create_app(node: Node) -> QuartTrio:
     async def add_backend() -> Any:
         """Register a backend (a trainer re-registers after a weight sync)."""
         data = await json_body()
-        spec = parse(BackendSpec, data)
-        backend_id = await node.add_backend(spec.model_dump(exclude_none=True))
+        parse(BackendSpec, data)
+        backend_id = await node.add_backend({k: v for k, v in data.items() if v is not None})
         return {"id": backend_id}, 201
 
     @app.delete("/v1/backends/<backend_id>")

@@ -32,7 +32,14 @@ from daemon.journal import Journal
 from daemon.metrics import Metrics
 from daemon.pipeline import Pipeline, Services
 from daemon.sampling import Sampler
-from daemon.service import NotFound, RolloutRequest, RolloutService, ServiceUnavailable, Submitted
+from daemon.service import (
+    InvalidBackend,
+    NotFound,
+    RolloutRequest,
+    RolloutService,
+    ServiceUnavailable,
+    Submitted,
+)
 from daemon.tasks.registry import TaskRegistry
 from daemon.trajectory import Trajectory
 
@@ -211,19 +218,16 @@ class Node:
             raise ServiceUnavailable(str(exc), retry_after_s=5) from None
 
     async def add_backend(self, spec: dict[str, Any]) -> str:
+        """Register an LLM backend. Building one may load a tokenizer, so it runs in a thread."""
         from daemon.llm.pool import make_backend
 
         if self.pool is None:
-            from daemon.service import ServiceError
-
-            raise ServiceError("this daemon has no LLM backend pool")
+            raise ServiceUnavailable("this daemon has no LLM backend pool")
         backend_id = spec.pop("id", None)
         try:
-            backend = make_backend(spec)
+            backend = await trio.to_thread.run_sync(make_backend, spec)
         except (ValueError, KeyError, TypeError) as exc:
-            from daemon.service import ServiceError
-
-            raise ServiceError(f"bad backend spec: {exc}") from None
+            raise InvalidBackend(f"bad backend spec: {exc}") from None
         return self.pool.add(backend, backend_id=backend_id)
 
     def status(self) -> dict[str, Any]:

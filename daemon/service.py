@@ -53,6 +53,10 @@ class Draining(ServiceError):
     status, type = 503, "draining"
 
 
+class InvalidBackend(ServiceError):
+    status, type = 422, "invalid_backend"
+
+
 class ServiceUnavailable(ServiceError):
     status, type = 503, "unavailable"
 
