@@ -1,0 +1,198 @@
+"""apptainer (also a ``singularity`` binary): one instance per sandbox.
+
+``instance start`` fixes the namespaces, so every isolation flag goes there:
+``--containall`` (or ``--contain --pid --ipc``), ``--no-mount home,cwd,tmp``,
+``--cleanenv``, ``--net --network none`` unless the spec asks for network, a writable
+layer (a sparse ext3 overlay of ``disk_mb``, else ``--writable-tmpfs``), and binds for the
+workspace, the control dir (same path inside) and the helper's lib dir (read-only). The
+helper then runs in the instance through ``exec instance://NAME``. ``docker://`` refs are
+pulled and converted to a .sif once, into the image cache (spython when a ``singularity``
+binary is on PATH, else an explicit ``pull``). Every command line is built here
+explicitly and run with ``trio.run_process``: cancellable and bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, ClassVar
+
+import trio
+
+from ._backend import Backend, Handle
+from ._exceptions import SandboxStartError
+from ._models import SandboxSpec
+
+log = logging.getLogger(__name__)
+
+_PULL_LIMITER = trio.CapacityLimiter(1)
+
+
+def instance_name(boot_tag: str, sandbox_id: str) -> str:
+    return f"rld-{boot_tag}-{sandbox_id}"
+
+
+def sif_name(ref: str) -> str:
+    """Cache file name for an image ref: readable prefix plus a digest."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", ref.split("://", 1)[-1])[:60]
+    return f"{stem}-{hashlib.sha256(ref.encode()).hexdigest()[:10]}.sif"
+
+
+def start_argv(exe: str, spec: SandboxSpec, *, image: str, name: str, workspace: str,
+               control_dir: str, lib_dir: str, overlay: str | None,
+               containall: bool = True) -> list[str]:
+    """``apptainer instance start`` with every isolation flag (they cannot be added later)."""
+    argv = [exe, "instance", "start"]
+    argv += ["--containall"] if containall else ["--contain", "--pid", "--ipc"]
+    argv += ["--no-mount", "home,cwd,tmp", "--cleanenv"]
+    if not spec.network:
+        argv += ["--net", "--network", "none"]
+    argv += ["--overlay", overlay] if overlay else ["--writable-tmpfs"]
+    argv += ["--bind", f"{workspace}:{spec.workdir}",
+             "--bind", f"{control_dir}:{control_dir}",
+             "--bind", f"{lib_dir}:{lib_dir}:ro"]
+    for bind in spec.binds:
+        argv += ["--bind", f"{bind.host}:{bind.dest}" + (":ro" if bind.readonly else "")]
+    argv += [image, name]
+    return argv
+
+
+def exec_argv(exe: str, name: str, workdir: str, command: list[str]) -> list[str]:
+    return [exe, "exec", "--cleanenv", "--pwd", workdir, f"instance://{name}", *command]
+
+
+def stop_argv(exe: str, name: str, *, force: bool = False) -> list[str]:
+    return [exe, "instance", "stop", *(["--force"] if force else ["--timeout", "5"]), name]
+
+
+def overlay_argv(exe: str, path: str, size_mb: int) -> list[str]:
+    return [exe, "overlay", "create", "--sparse", "--size", str(size_mb), path]
+
+
+def pull_argv(exe: str, dest: str, ref: str) -> list[str]:
+    return [exe, "pull", "--force", dest, ref]
+
+
+def _exists(path: str | Path) -> bool:
+    return os.path.exists(path)  # a local stat: fine to call from the event loop
+
+
+class ApptainerBackend(Backend):
+    """Options: apptainer (binary path; default: ``apptainer`` then ``singularity`` on
+    PATH), image_cache_dir (default <state_dir>/images), containall (default True; False
+    gives ``--contain --pid --ipc``), pull_timeout_s, command_timeout_s."""
+
+    name: ClassVar[str] = "apptainer"
+
+    def __init__(self, *, apptainer: str | None = None, image_cache_dir: str | None = None,
+                 containall: bool = True, pull_timeout_s: float = 1800.0,
+                 command_timeout_s: float = 120.0, **options: Any) -> None:
+        super().__init__(**options)
+        self.exe = apptainer or shutil.which("apptainer") or shutil.which("singularity") or ""
+        self.image_cache = Path(image_cache_dir) if image_cache_dir else \
+            self.layout.state_dir / "images"
+        self.containall = containall
+        self.pull_timeout_s = pull_timeout_s
+        self.command_timeout_s = command_timeout_s
+        self._image_locks: dict[str, trio.Lock] = {}
+
+    def check(self) -> None:
+        if not self.exe or not os.access(self.exe, os.X_OK):
+            raise SandboxStartError("apptainer backend: neither `apptainer` nor `singularity` "
+                                    "is installed (or the configured binary is not executable)")
+
+    def _helper_python(self, spec: SandboxSpec) -> str:
+        return spec.python or "python3"  # the image's interpreter
+
+    def _sandbox_python(self, spec: SandboxSpec) -> str:
+        return spec.python or "python3"
+
+    def _disk_mechanism(self, spec: SandboxSpec, handle: Handle) -> str:
+        return "overlay" if spec.disk_mb else "writable-tmpfs (64 MiB default)"
+
+    async def _prepare(self, spec: SandboxSpec, handle: Handle) -> None:
+        self.check()
+        if not spec.image:
+            raise SandboxStartError("apptainer sandboxes need spec.image (.sif or docker://)")
+        image = await self.image(spec.image)
+        overlay = None
+        if spec.disk_mb:
+            overlay = str(handle.dirs.root / "overlay.img")
+            await self._run(overlay_argv(self.exe, overlay, spec.disk_mb))
+        name = instance_name(handle.dirs.boot_tag, handle.dirs.id)
+        argv = start_argv(self.exe, spec, image=image, name=name,
+                          workspace=str(handle.dirs.workspace),
+                          control_dir=str(handle.dirs.control),
+                          lib_dir=str(self.layout.lib_dir()), overlay=overlay,
+                          containall=self.containall)
+        assert handle.plan is not None
+        await self._run(handle.plan.exec_prefix() + argv)
+        handle.extra["instance"] = name
+
+    def _command(self, spec: SandboxSpec, handle: Handle, helper: list[str]) -> list[str]:
+        return exec_argv(self.exe, handle.extra["instance"], spec.workdir, helper)
+
+    async def _finish(self, handle: Handle) -> None:
+        name = handle.extra.pop("instance", None)
+        if name is not None:
+            await self._stop(name)
+
+    async def _sweep_one(self, tag: str, sandbox_id: str, root: Path) -> None:
+        if self.exe:
+            await self._stop(instance_name(tag, sandbox_id))
+
+    async def _stop(self, name: str) -> None:
+        for force in (False, True):
+            with contextlib.suppress(SandboxStartError):
+                await self._run(stop_argv(self.exe, name, force=force), timeout_s=10.0)
+                return
+
+    async def _run(self, argv: list[str], timeout_s: float | None = None) -> None:
+        limit = timeout_s or self.command_timeout_s
+        with trio.move_on_after(limit) as scope:
+            result = await trio.run_process(argv, capture_stdout=True, capture_stderr=True,
+                                            check=False, stdin=subprocess.DEVNULL)
+        if scope.cancelled_caught:
+            raise SandboxStartError(f"`{' '.join(argv[:3])}` took longer than {limit:.0f} s")
+        if result.returncode != 0:
+            raise SandboxStartError(f"`{' '.join(argv[:3])}` failed ({result.returncode}): "
+                                    f"{result.stderr.decode(errors='replace').strip()[-1000:]}")
+
+    async def image(self, ref: str) -> str:
+        """A local .sif for ``ref``: a path as is, a ``docker://`` (or other) ref pulled
+        and converted once into the cache."""
+        if "://" not in ref:
+            if not _exists(ref):
+                raise SandboxStartError(f"apptainer image {ref} does not exist")
+            return ref
+        dest = self.image_cache / sif_name(ref)
+        lock = self._image_locks.setdefault(ref, trio.Lock())
+        async with lock:
+            if _exists(dest):
+                return str(dest)
+            self.image_cache.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_suffix(f".part{os.getpid()}")
+            log.info("pulling %s into %s (once)", ref, dest)
+            if os.path.basename(self.exe) == "singularity" and shutil.which("singularity"):
+                await self._pull_spython(ref, tmp)
+            else:
+                await self._run(pull_argv(self.exe, str(tmp), ref), timeout_s=self.pull_timeout_s)
+            tmp.rename(dest)
+        return str(dest)
+
+    async def _pull_spython(self, ref: str, dest: Path) -> None:
+        from spython.main import Client
+
+        def pull() -> str:
+            return str(Client.pull(ref, name=dest.name, pull_folder=str(dest.parent), force=True))
+
+        with trio.move_on_after(self.pull_timeout_s):
+            await trio.to_thread.run_sync(pull, limiter=_PULL_LIMITER)
+        if not _exists(dest):
+            raise SandboxStartError(f"pulling {ref} failed (spython)")

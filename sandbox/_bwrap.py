@@ -1,0 +1,104 @@
+"""bwrap: rootless namespaces over the host's root, read-only.
+
+The sandbox sees the host's top-level dirs read-only (on a tmpfs root, remounted
+read-only, so new mount points such as /workspace can exist), fresh /tmp, /dev, /dev/shm,
+/proc and /run, its workspace (writable) at ``spec.workdir``, the control dir at its own
+host path, the helper's lib dir read-only, and no other sandbox's dirs (the state dir is
+hidden under a tmpfs). Every namespace is unshared (user, pid, ipc, uts, cgroup, and the
+network unless the spec asks for it), nested user namespaces are disabled, capabilities
+dropped, the environment cleared (the helper hands children an allow-listed one),
+``--new-session`` stops TIOCSTI, ``--die-with-parent`` ends the sandbox with the daemon.
+With ``--as-pid-1`` the helper is the PID namespace's init: it reaps orphans, signals
+from inside cannot end it, and killing bwrap (hence the helper) ends every process.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from typing import Any, ClassVar
+
+from ._backend import Backend, Handle
+from ._exceptions import SandboxStartError
+from ._models import SandboxSpec
+
+# Top-level host entries not shown as they are: fresh mounts replace them.
+NOT_BOUND = frozenset({"proc", "dev", "tmp", "run", "lost+found"})
+# Host files never shown inside (masked with /dev/null when they exist).
+HIDDEN_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-")
+
+
+class BwrapBackend(Backend):
+    """Options: bwrap (path), hide_paths (extra host dirs hidden under a tmpfs),
+    tmp_size_mb (size cap of /tmp; disk_mb caps it too)."""
+
+    name: ClassVar[str] = "bwrap"
+
+    def __init__(self, *, bwrap: str | None = None, hide_paths: tuple[str, ...] = (),
+                 tmp_size_mb: int | None = None, **options: Any) -> None:
+        super().__init__(**options)
+        self.bwrap = bwrap or shutil.which("bwrap") or "/usr/bin/bwrap"
+        self.hide_paths = tuple(hide_paths)
+        self.tmp_size_mb = tmp_size_mb
+
+    def check(self) -> None:
+        if not os.access(self.bwrap, os.X_OK):
+            raise SandboxStartError(f"bwrap backend: {self.bwrap} not found or not executable "
+                                    "(install the bubblewrap package)")
+        probe = subprocess.run([self.bwrap, "--ro-bind", "/", "/", "--unshare-all",
+                                "--unshare-user", "--die-with-parent", "/bin/true"],
+                               capture_output=True, timeout=10, check=False)
+        if probe.returncode != 0:
+            raise SandboxStartError("bwrap backend: cannot create namespaces here: "
+                                    f"{probe.stderr.decode(errors='replace').strip()} "
+                                    "(are unprivileged user namespaces enabled?)")
+
+    def _command(self, spec: SandboxSpec, handle: Handle, helper: list[str]) -> list[str]:
+        return [*bwrap_argv(self.bwrap, spec, handle, state_dir=str(self.layout.state_dir),
+                            lib_dir=str(self.layout.lib_dir()), hide_paths=self.hide_paths,
+                            tmp_size_mb=spec.disk_mb or self.tmp_size_mb), *helper]
+
+
+def bwrap_argv(bwrap: str, spec: SandboxSpec, handle: Handle, *, state_dir: str, lib_dir: str,
+               hide_paths: tuple[str, ...] = (), tmp_size_mb: int | None = None) -> list[str]:
+    """The bwrap command line up to (and including) ``--``; the helper argv follows."""
+    dirs = handle.dirs
+    argv = [bwrap, *host_root_args(), "--dev", "/dev", "--proc", "/proc"]
+    if tmp_size_mb:
+        argv += ["--size", str(tmp_size_mb << 20)]
+    argv += ["--tmpfs", "/tmp", "--tmpfs", "/dev/shm", "--tmpfs", "/run", "--tmpfs", state_dir]
+    for path in hide_paths:
+        argv += ["--tmpfs", path]
+    for path in HIDDEN_FILES:
+        if os.path.exists(path):
+            argv += ["--ro-bind", "/dev/null", path]
+    argv += ["--ro-bind", lib_dir, lib_dir,
+             "--bind", str(dirs.control), str(dirs.control),
+             "--bind", str(dirs.workspace), spec.workdir]
+    for bind in spec.binds:
+        argv += ["--ro-bind" if bind.readonly else "--bind", bind.host, bind.dest]
+    argv += ["--remount-ro", "/", "--unshare-all", "--unshare-user", "--disable-userns"]
+    if spec.network:
+        argv += ["--share-net"]
+    argv += ["--as-pid-1", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
+             "--hostname", "sandbox", "--chdir", spec.workdir, "--"]
+    return argv
+
+
+@functools.cache
+def host_root_args() -> tuple[str, ...]:
+    """The host's top-level entries, read-only, on bwrap's tmpfs root: the root stays a
+    tmpfs (remounted read-only at the end) so new mount points such as /workspace can
+    be created on it. /run is replaced (it holds the host's service sockets)."""
+    args: list[str] = []
+    for name in sorted(os.listdir("/")):
+        if name in NOT_BOUND:
+            continue
+        path = "/" + name
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    return tuple(args)

@@ -1,0 +1,836 @@
+"""The in-sandbox helper: the first process of every sandbox.
+
+Run as ``python -I -S _helper.py CONFIG_JSON``. It listens on a Unix socket in the control
+dir and answers one request per connection. It spawns every process of the sandbox (on a
+pty through ptyprocess, whose master fd goes back to the daemon with SCM_RIGHTS, or on
+pipes), reaps its children, reports exits, signals process groups, runs commands with
+bounded head+tail capture, and does file operations with paths resolved here, inside the
+sandbox, confined to the configured roots.
+
+Stdlib only, plus ptyprocess (imported lazily, for pty spawns). Keep start-up lean: the
+helper's import time is most of a sandbox's open latency.
+
+Wire format, both directions: ``>II`` (json length, blob length), the JSON object, the
+blob. Replies are ``{"ok": true, ...}`` or ``{"ok": false, "error": {...}}``; file
+descriptors ride on the reply's first byte. A connection closed by the daemon while a
+``wait`` or ``run`` is pending cancels it (a cancelled ``run`` kills its process tree).
+"""
+
+import errno
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+
+HEADER = struct.Struct(">II")
+CHUNK = 65536
+DRAIN_GRACE_S = 0.5
+KEEP_EXITED = 4096
+
+
+class Refused(Exception):
+    """A request the helper will not carry out (sent back as an error of type ``kind``)."""
+
+    def __init__(self, kind, message, code=0):
+        super().__init__(message)
+        self.kind = kind
+        self.code = code
+
+
+def exit_code(status):
+    return os.waitstatus_to_exitcode(status)
+
+
+def restore_signals():
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD,
+                signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def scan_marked(marker):
+    """Pids whose initial environment carries ``marker`` (bytes, ``NAME=value``)."""
+    me = os.getpid()
+    found: list = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in names:
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open("/proc/" + name + "/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if env.startswith(marker + b"\0") or (b"\0" + marker + b"\0") in env:
+            found.append(int(name))
+    return found
+
+
+def kill_marked(marker, rounds=4):
+    """SIGKILL every process carrying ``marker``; repeat while new ones keep turning up."""
+    for _ in range(rounds):
+        pids = scan_marked(marker)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def killpg(pgid, sig=signal.SIGKILL):
+    try:
+        os.killpg(pgid, sig)
+    except OSError:
+        pass
+
+
+class Capture:
+    """Bounded head+tail capture of one stream; the middle is counted, not kept."""
+
+    def __init__(self, limit):
+        self.head_max = limit // 2
+        self.tail_max = limit - self.head_max
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+        self.closed = False
+
+    def feed(self, data):
+        self.total += len(data)
+        room = self.head_max - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            if len(self.tail) > 2 * self.tail_max + CHUNK:
+                del self.tail[: len(self.tail) - self.tail_max]
+
+    @property
+    def truncated(self):
+        return self.total > self.head_max + self.tail_max
+
+    def value(self):
+        if not self.truncated:
+            return bytes(self.head + self.tail)
+        tail = self.tail[-self.tail_max :] if self.tail_max else b""
+        cut = self.total - len(self.head) - len(tail)
+        note = f"\n[... {cut} bytes truncated ...]\n".encode()
+        return bytes(self.head) + note + bytes(tail)
+
+
+class Proc:
+    def __init__(self, pid, pty=None):
+        self.pid = pid
+        self.pgid = pid
+        self.pty = pty  # the ptyprocess object (kept so it never closes our master)
+        self.returncode = None
+        self.waiters = []
+        self.run = None
+
+
+class Run:
+    """A ``run`` request in progress: pipes, capture, deadline, the connection to answer."""
+
+    def __init__(self, conn, proc, marker, out, err, stdin_fd, stdin_data, deadline, limit):
+        self.conn = conn
+        self.proc = proc
+        self.marker = marker
+        self.fds = {out: Capture(limit), err: Capture(limit)}
+        self.out, self.err = out, err
+        self.stdin_fd = stdin_fd
+        self.stdin_data = memoryview(stdin_data)
+        self.deadline = deadline
+        self.drain_deadline = None
+        self.timed_out = False
+        self.started = time.monotonic()
+
+
+class Conn:
+    def __init__(self, sock):
+        self.sock = sock
+        self.buf = bytearray()
+        self.pending = None  # ("wait", Proc) | ("run", Run)
+
+
+class Helper:
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.sock_path = cfg["socket"]
+        self.workdir = cfg["workdir"]
+        self.env = dict(cfg.get("env", {}))
+        self.marker_name = cfg.get("marker_name", "ROLLOUTD_SANDBOX")
+        self.marker_value = cfg.get("marker_value", "")
+        self.roots = [os.path.realpath(r) for r in cfg.get("roots", [self.workdir])]
+        self.procs = {}
+        self.exited = {}
+        self.runs = []
+        self.run_seq = 0
+        self.sel = selectors.DefaultSelector()
+        self.stopping = False
+        lifetime = cfg.get("lifetime_s")
+        self.expires = None if lifetime is None else time.monotonic() + float(lifetime)
+
+    # ----- start-up --------------------------------------------------------------------
+    def start(self):
+        self.apply_rlimits(self.cfg.get("rlimits") or {})
+        if self.cfg.get("parent_death"):
+            self.set_parent_death()
+        try:
+            os.unlink(self.sock_path)
+        except FileNotFoundError:
+            pass
+        old = os.umask(0o077)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.sock_path)
+        os.umask(old)
+        self.listener.listen(256)
+        self.listener.setblocking(False)
+        self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        # no SIGTERM/SIGINT handlers (Python's KeyboardInterrupt one removed too): under
+        # bwrap the helper is the PID namespace's init, which then ignores every signal
+        # sent from inside the sandbox
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        self.sel.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
+        os.write(1, f"READY {os.getpid()}\n".encode())
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.close(null)
+
+    def apply_rlimits(self, limits):
+        if not limits:
+            return
+        import resource
+
+        for name, value in limits.items():
+            res = getattr(resource, name)
+            _soft, hard = resource.getrlimit(res)
+            value = int(value)
+            if hard != resource.RLIM_INFINITY:
+                value = min(value, hard)
+            try:
+                resource.setrlimit(res, (value, value))
+            except (ValueError, OSError) as exc:
+                sys.stderr.write(f"helper: setrlimit {name}={value} failed: {exc}\n")
+
+    def set_parent_death(self):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != self.cfg["parent_death"]:
+            os._exit(1)
+
+    # ----- main loop -------------------------------------------------------------------
+    def serve(self):
+        while not self.stopping:
+            timeout = self.next_timeout()
+            for key, _ in self.sel.select(timeout):
+                kind, obj = key.data
+                if kind == "accept":
+                    self.accept()
+                elif kind == "wake":
+                    self.drain_wakeups()
+                elif kind == "conn":
+                    self.on_readable(obj)
+                elif kind == "pipe":
+                    self.on_pipe(obj, key.fd)
+                elif kind == "stdin":
+                    self.on_stdin(obj)
+            self.reap()
+            self.check_runs()
+            if self.expires is not None and time.monotonic() >= self.expires:
+                sys.stderr.write("helper: sandbox lifetime reached; killing everything\n")
+                self.stopping = True
+        self.kill_all()
+
+    def next_timeout(self):
+        now = time.monotonic()
+        soonest = self.expires
+        for run in self.runs:
+            for t in (run.deadline, run.drain_deadline):
+                if t is not None and (soonest is None or t < soonest):
+                    soonest = t
+        if soonest is None:
+            return None
+        return max(0.0, soonest - now)
+
+    def accept(self):
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            sock.setblocking(False)
+            conn = Conn(sock)
+            self.sel.register(sock, selectors.EVENT_READ, ("conn", conn))
+
+    def drain_wakeups(self):
+        try:
+            while os.read(self.wake_r, 4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+
+    def on_readable(self, conn):
+        try:
+            data = conn.sock.recv(CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.drop(conn)
+            return
+        if conn.pending is not None:
+            return  # one request per connection; ignore anything more
+        conn.buf += data
+        if len(conn.buf) < HEADER.size:
+            return
+        jlen, blen = HEADER.unpack_from(conn.buf)
+        if len(conn.buf) < HEADER.size + jlen + blen:
+            return
+        req = json.loads(bytes(conn.buf[HEADER.size : HEADER.size + jlen]))
+        blob = bytes(conn.buf[HEADER.size + jlen : HEADER.size + jlen + blen])
+        conn.buf = bytearray()
+        self.dispatch(conn, req, blob)
+
+    def dispatch(self, conn, req, blob):
+        op = req.get("op")
+        handler = getattr(self, "op_" + str(op), None)
+        try:
+            if handler is None:
+                raise Refused("BadRequest", f"unknown op {op!r}")
+            result = handler(conn, req, blob)
+        except Refused as exc:
+            self.reply(conn, {"ok": False, "error": {"type": exc.kind, "message": str(exc),
+                                                     "errno": exc.code}})
+            return
+        except OSError as exc:
+            self.reply(conn, {"ok": False, "error": {"type": "OSError", "errno": exc.errno or 0,
+                                                     "message": exc.strerror or str(exc)}})
+            return
+        except Exception as exc:  # a helper bug must not kill the sandbox
+            self.reply(conn, {"ok": False, "error": {"type": "HelperError",
+                                                     "message": f"{type(exc).__name__}: {exc}"}})
+            return
+        if result is not None:
+            msg, out_blob, fds = result
+            self.reply(conn, msg, out_blob, fds)
+
+    def reply(self, conn, msg, blob=b"", fds=()):
+        if "ok" not in msg:
+            msg = dict(msg, ok=True)
+        body = json.dumps(msg).encode()
+        data = HEADER.pack(len(body), len(blob)) + body + blob
+        sock = conn.sock
+        try:
+            sock.settimeout(30)
+            if fds:
+                anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
+                sent = sock.sendmsg([data], anc)
+                data = data[sent:]
+            if data:
+                sock.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for fd in fds:
+                os.close(fd)
+        self.drop(conn)
+
+    def drop(self, conn):
+        pending, conn.pending = conn.pending, None
+        if pending is not None:
+            kind, obj = pending
+            if kind == "wait" and conn in obj.waiters:
+                obj.waiters.remove(conn)
+            elif kind == "run":
+                self.cancel_run(obj)
+        try:
+            self.sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+
+    # ----- processes -------------------------------------------------------------------
+    def child_env(self, extra, marker=None):
+        env = dict(self.env)
+        if extra:
+            env.update({str(k): str(v) for k, v in extra.items()})
+        env[self.marker_name] = self.marker_value
+        if marker:
+            name, _, value = marker.partition("=")
+            env[name] = value
+        return env
+
+    def resolve_cwd(self, cwd):
+        if not cwd:
+            return self.workdir
+        return cwd if os.path.isabs(cwd) else os.path.join(self.workdir, cwd)
+
+    def fork_exec(self, argv, env, cwd, fd0, fd1, fd2):
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(err_r)
+                signal.set_wakeup_fd(-1)
+                restore_signals()
+                os.setsid()
+                for target, fd in ((0, fd0), (1, fd1), (2, fd2)):
+                    if fd != target:
+                        os.dup2(fd, target)
+                    else:
+                        os.set_inheritable(fd, True)
+                os.chdir(cwd)
+                os.execvpe(argv[0], argv, env)
+            except BaseException as exc:
+                code = getattr(exc, "errno", 0) or 0
+                try:
+                    os.write(err_w, f"{code}:{exc}".encode())
+                finally:
+                    os._exit(127)
+        os.close(err_w)
+        with os.fdopen(err_r, "rb") as f:
+            failure = f.read()
+        if failure:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+            code, _, text = failure.decode(errors="replace").partition(":")
+            raise Refused("SpawnError", text, int(code) if code.isdigit() else 0)
+        return pid
+
+    def spawn_pipes(self, argv, env, cwd, stdin_null=False, merge=False):
+        if stdin_null:
+            in_r, in_w = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), None
+        else:
+            in_r, in_w = os.pipe2(os.O_CLOEXEC)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = (None, out_w) if merge else os.pipe2(os.O_CLOEXEC)
+        try:
+            pid = self.fork_exec(argv, env, cwd, in_r, out_w, err_w)
+        except BaseException:
+            for fd in {in_r, in_w, out_r, out_w, err_r, err_w}:
+                if fd is not None:
+                    os.close(fd)
+            raise
+        for fd in {in_r, out_w, err_w}:
+            os.close(fd)
+        proc = Proc(pid)
+        self.procs[pid] = proc
+        return proc, in_w, out_r, err_r
+
+    def op_ping(self, conn, req, blob):
+        return {"pid": os.getpid(), "python": sys.version.split()[0]}, b"", ()
+
+    def op_spawn(self, conn, req, blob):
+        argv = [str(a) for a in req["argv"]]
+        if not argv:
+            raise Refused("BadRequest", "empty argv")
+        env = self.child_env(req.get("env"))
+        cwd = self.resolve_cwd(req.get("cwd"))
+        if req.get("pty"):
+            from ptyprocess import PtyProcess  # lazy: only pty spawns pay for it
+
+            try:
+                pty = PtyProcess.spawn(argv, cwd=cwd, env=env, echo=req.get("echo", True),
+                                       preexec_fn=restore_signals,
+                                       dimensions=(int(req.get("rows", 50)), int(req.get("cols", 200))))
+            except OSError as exc:
+                raise Refused("SpawnError", str(exc), exc.errno or 0) from None
+            proc = Proc(pty.pid, pty)
+            self.procs[pty.pid] = proc
+            return {"pid": pty.pid}, b"", (os.dup(pty.fd),)
+        proc, in_w, out_r, _ = self.spawn_pipes(argv, env, cwd, merge=True)  # stderr -> stdout
+        return {"pid": proc.pid}, b"", (in_w, out_r)
+
+    def op_wait(self, conn, req, blob):
+        pid = int(req["pid"])
+        proc = self.procs.get(pid)
+        if proc is None:
+            if pid in self.exited:
+                return {"returncode": self.exited[pid]}, b"", ()
+            raise Refused("NoSuchProcess", f"pid {pid} is not a child of this sandbox", errno.ESRCH)
+        proc.waiters.append(conn)
+        conn.pending = ("wait", proc)
+        return None
+
+    def is_ours(self, pid):
+        if pid in self.procs:
+            return True
+        marker = (f"{self.marker_name}={self.marker_value}").encode()
+        return pid in scan_marked(marker)
+
+    def op_signal(self, conn, req, blob):
+        pid, sig, group = int(req["pid"]), int(req["sig"]), bool(req.get("group", True))
+        if pid <= 0 or not self.is_ours(pid):
+            raise Refused("NoSuchProcess", f"pid {pid} is not a process of this sandbox", errno.ESRCH)
+        if not group:
+            os.kill(pid, sig)
+            return {}, b"", ()
+        proc = self.procs.get(pid)
+        pgids = set()
+        try:
+            pgids.add(os.getpgid(pid))
+        except ProcessLookupError:
+            if proc is not None:
+                pgids.add(proc.pgid)
+        if proc is not None and proc.pty is not None:
+            try:
+                pgids.add(os.tcgetpgrp(proc.pty.fd))
+            except OSError:
+                pass
+        for pgid in pgids:
+            if pgid > 1:
+                killpg(pgid, sig)
+        return {"groups": sorted(pgids)}, b"", ()
+
+    def op_run(self, conn, req, blob):
+        argv = [str(a) for a in req["argv"]]
+        if not argv:
+            raise Refused("BadRequest", "empty argv")
+        self.run_seq += 1
+        marker = f"ROLLOUTD_RUN={os.getpid()}.{self.run_seq}"
+        env = self.child_env(req.get("env"), marker)
+        cwd = self.resolve_cwd(req.get("cwd"))
+        has_stdin = bool(req.get("stdin"))
+        proc, in_w, out_r, err_r = self.spawn_pipes(argv, env, cwd, stdin_null=not has_stdin)
+        for fd in (out_r, err_r):
+            os.set_blocking(fd, False)
+        if in_w is not None:
+            os.set_blocking(in_w, False)
+        deadline = time.monotonic() + float(req["timeout_s"])
+        run = Run(conn, proc, marker.encode(), out_r, err_r, in_w, blob, deadline,
+                  int(req.get("max_output_bytes", 1_000_000)))
+        proc.run = run
+        self.runs.append(run)
+        conn.pending = ("run", run)
+        self.sel.register(out_r, selectors.EVENT_READ, ("pipe", run))
+        self.sel.register(err_r, selectors.EVENT_READ, ("pipe", run))
+        if in_w is not None:
+            if blob:
+                self.sel.register(in_w, selectors.EVENT_WRITE, ("stdin", run))
+            else:
+                os.close(in_w)
+                run.stdin_fd = None
+        return None
+
+    def on_stdin(self, run):
+        try:
+            n = os.write(run.stdin_fd, run.stdin_data[:CHUNK])
+            run.stdin_data = run.stdin_data[n:]
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            run.stdin_data = run.stdin_data[:0]
+        if not run.stdin_data:
+            self.close_stdin(run)
+
+    def close_stdin(self, run):
+        if run.stdin_fd is not None:
+            try:
+                self.sel.unregister(run.stdin_fd)
+            except (KeyError, ValueError):
+                pass
+            os.close(run.stdin_fd)
+            run.stdin_fd = None
+
+    def on_pipe(self, run, fd):
+        try:
+            data = os.read(fd, CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data:
+            run.fds[fd].feed(data)
+            return
+        self.sel.unregister(fd)
+        os.close(fd)
+        run.fds[fd].closed = True
+
+    def run_pipes_open(self, run):
+        return [fd for fd, cap in run.fds.items() if not cap.closed]
+
+    def kill_run_tree(self, run):
+        killpg(run.proc.pgid)
+        kill_marked(run.marker)
+
+    def check_runs(self):
+        now = time.monotonic()
+        for run in list(self.runs):
+            if run.proc.returncode is None and now >= run.deadline and not run.timed_out:
+                run.timed_out = True
+                self.kill_run_tree(run)
+            if run.proc.returncode is None:
+                continue
+            if run.drain_deadline is None:
+                # the command returned: whatever it left behind (setsid, double fork) goes now
+                self.kill_run_tree(run)
+                self.close_stdin(run)
+                run.drain_deadline = now + DRAIN_GRACE_S
+            if self.run_pipes_open(run) and now < run.drain_deadline:
+                continue
+            self.finish_run(run)
+
+    def finish_run(self, run):
+        self.runs.remove(run)
+        for fd in self.run_pipes_open(run):
+            self.sel.unregister(fd)
+            os.close(fd)
+        self.close_stdin(run)
+        out, err = run.fds[run.out], run.fds[run.err]
+        stdout, stderr = out.value(), err.value()
+        msg = {"exit_code": None if run.timed_out else run.proc.returncode,
+               "returncode": run.proc.returncode, "timed_out": run.timed_out,
+               "truncated": out.truncated or err.truncated, "stdout_len": len(stdout),
+               "stdout_total": out.total, "stderr_total": err.total,
+               "duration_s": time.monotonic() - run.started}
+        conn, run.conn = run.conn, None
+        if conn is not None:
+            conn.pending = None
+            self.reply(conn, msg, stdout + stderr)
+
+    def cancel_run(self, run):
+        run.conn = None
+        if run.proc.returncode is None:
+            run.timed_out = True
+            self.kill_run_tree(run)
+
+    def reap(self):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            proc = self.procs.pop(pid, None)
+            if proc is None:
+                continue
+            proc.returncode = exit_code(status)
+            self.exited[pid] = proc.returncode
+            if len(self.exited) > KEEP_EXITED:
+                self.exited.pop(next(iter(self.exited)))
+            if proc.pty is not None:
+                try:
+                    proc.pty.fileobj.close()
+                except OSError:
+                    pass
+                proc.pty.closed = True
+            for conn in proc.waiters:
+                conn.pending = None
+                self.reply(conn, {"returncode": proc.returncode})
+            proc.waiters = []
+
+    def op_shutdown(self, conn, req, blob):
+        self.stopping = True
+        self.kill_all()
+        return {}, b"", ()
+
+    def kill_all(self):
+        for proc in list(self.procs.values()):
+            killpg(proc.pgid)
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        kill_marked((f"{self.marker_name}={self.marker_value}").encode())
+
+    # ----- files -----------------------------------------------------------------------
+    def absolute(self, path):
+        if not isinstance(path, str) or not path or "\0" in path:
+            raise Refused("BadRequest", f"invalid path {path!r}")
+        return os.path.normpath(path if os.path.isabs(path) else os.path.join(self.workdir, path))
+
+    def within(self, real):
+        return any(real == root or real.startswith(root.rstrip("/") + "/") for root in self.roots)
+
+    def resolve(self, path):
+        """The real path of ``path``, which must stay within the roots."""
+        real = os.path.realpath(self.absolute(path))
+        if not self.within(real):
+            raise Refused("PathEscape", "{} resolves to {}, outside {}".format(path, real, ", ".join(self.roots)), errno.EACCES)
+        return real
+
+    def check_fd(self, fd, path):
+        real = os.readlink(f"/proc/self/fd/{fd}")
+        if not self.within(real):
+            os.close(fd)
+            raise Refused("PathEscape", f"{path} moved outside the sandbox roots", errno.EACCES)
+        return fd
+
+    def open_dir(self, real, path):
+        fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        return self.check_fd(fd, path)
+
+    def parent_fd(self, path, follow_last):
+        """(dir fd, final name) for ``path``: the parent is resolved and checked."""
+        ab = self.absolute(path)
+        if follow_last:
+            ab = self.resolve(path)
+        parent, name = os.path.split(ab)
+        if not name or name in (".", ".."):
+            raise Refused("BadRequest", f"{path} names no file", errno.EINVAL)
+        real_parent = self.resolve(parent)
+        return self.open_dir(real_parent, path), name
+
+    def op_read_file(self, conn, req, blob):
+        path = req["path"]
+        real = self.resolve(path)
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        self.check_fd(fd, path)
+        try:
+            st = os.fstat(fd)
+            if not (st.st_mode & 0o170000 == 0o100000):
+                raise OSError(errno.EISDIR if st.st_mode & 0o040000 else errno.EINVAL,
+                              f"not a regular file: {path}")
+            limit = req.get("max_bytes")
+            limit = st.st_size if limit is None else min(int(limit), st.st_size)
+            chunks, got = [], 0
+            while got < limit:
+                data = os.read(fd, min(limit - got, 1 << 20))
+                if not data:
+                    break
+                chunks.append(data)
+                got += len(data)
+        finally:
+            os.close(fd)
+        return {"size": st.st_size}, b"".join(chunks), ()
+
+    def op_write_file(self, conn, req, blob):
+        dfd, name = self.parent_fd(req["path"], follow_last=True)
+        try:
+            mode = req.get("mode")
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(name, flags, 0o644 if mode is None else int(mode), dir_fd=dfd)
+            try:
+                view = memoryview(blob)
+                while view:
+                    view = view[os.write(fd, view) :]
+                if mode is not None:
+                    os.fchmod(fd, int(mode))
+            finally:
+                os.close(fd)
+        finally:
+            os.close(dfd)
+        return {}, b"", ()
+
+    def op_list_dir(self, conn, req, blob):
+        path = req["path"]
+        fd = self.open_dir(self.resolve(path), path)
+        entries = []
+        try:
+            with os.scandir(fd) as it:
+                for entry in it:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    entries.append({"name": entry.name, "type": file_type(st.st_mode),
+                                    "size": st.st_size, "mode": st.st_mode & 0o7777,
+                                    "mtime": st.st_mtime})
+        finally:
+            os.close(fd)
+        entries.sort(key=lambda e: e["name"])
+        return {"entries": entries}, b"", ()
+
+    def op_stat(self, conn, req, blob):
+        path = req["path"]
+        real = self.resolve(path)
+        try:
+            st = os.stat(real, follow_symlinks=False)
+        except FileNotFoundError:
+            return {"stat": None}, b"", ()
+        return {"stat": {"path": real, "type": file_type(st.st_mode), "size": st.st_size,
+                         "mode": st.st_mode & 0o7777, "mtime": st.st_mtime}}, b"", ()
+
+    def op_mkdir(self, conn, req, blob):
+        path = req["path"]
+        real = self.resolve(path)
+        parts = []
+        base = real
+        while not os.path.lexists(base):
+            base, name = os.path.split(base)
+            parts.append(name)
+        if not parts:
+            if os.path.isdir(real):
+                return {}, b"", ()
+            raise OSError(errno.EEXIST, f"exists and is not a directory: {path}")
+        if len(parts) > 1 and not req.get("parents", True):
+            raise OSError(errno.ENOENT, f"parent directory missing: {path}")
+        fd = self.open_dir(self.resolve(base), path)
+        try:
+            for name in reversed(parts):
+                try:
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                              dir_fd=fd)
+                os.close(fd)
+                fd = self.check_fd(nfd, path)
+        finally:
+            os.close(fd)
+        return {}, b"", ()
+
+    def op_remove(self, conn, req, blob):
+        path = req["path"]
+        dfd, name = self.parent_fd(path, follow_last=False)
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if st.st_mode & 0o170000 == 0o040000:
+                import shutil
+
+                shutil.rmtree(name, dir_fd=dfd)
+            else:
+                os.unlink(name, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+        return {}, b"", ()
+
+
+def file_type(mode):
+    kind = mode & 0o170000
+    if kind == 0o100000:
+        return "file"
+    if kind == 0o040000:
+        return "dir"
+    if kind == 0o120000:
+        return "symlink"
+    return "other"
+
+
+def main():
+    cfg = json.loads(sys.argv[1])
+    for path in cfg.get("sys_path", []):
+        sys.path.insert(0, path)
+    helper = Helper(cfg)
+    helper.start()
+    try:
+        helper.serve()
+    finally:
+        try:
+            os.unlink(helper.sock_path)
+        except OSError:
+            pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""One conformance suite, run against every backend available here (bwrap and local in
+CI; apptainer where its binary is). Real processes, real ptys, real namespaces."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+
+import pytest
+import trio
+
+from sandbox import PathEscapeError, SandboxClosed, SandboxSpec
+
+from .conftest import marked_pids
+
+
+async def read_pty_until(fd: int, needle: bytes, timeout_s: float = 10.0) -> bytes:
+    stream = trio.lowlevel.FdStream(os.dup(fd))
+    out = b""
+    try:
+        with trio.fail_after(timeout_s):
+            while needle not in out:
+                try:
+                    chunk = await stream.receive_some(4096)
+                except trio.BrokenResourceError:  # EIO: the pty's other side is gone
+                    break
+                if not chunk:
+                    break
+                out += chunk
+    finally:
+        await stream.aclose()
+    return out
+
+
+# ----- run ---------------------------------------------------------------------------
+
+
+async def test_run_captures_exit_code_stdout_stderr(backend, base_spec):
+    async with backend.open(base_spec) as sb:
+        r = await sb.run(["sh", "-c", "echo out; echo err >&2; exit 3"], timeout_s=10)
+        assert (r.exit_code, r.stdout, r.stderr) == (3, b"out\n", b"err\n")
+        assert not r.truncated and not r.timed_out and r.duration_s > 0
+        r = await sb.run(["cat"], timeout_s=10, stdin=b"fed through stdin")
+        assert r.stdout == b"fed through stdin"
+        r = await sb.run(["sh", "-c", "pwd; echo $FOO"], timeout_s=10, env={"FOO": "bar"})
+        assert r.stdout == f"{sb.workdir}\nbar\n".encode()
+        await sb.mkdir("sub")
+        r = await sb.run(["pwd"], timeout_s=10, cwd="sub")
+        assert r.stdout.decode().strip() == f"{sb.workdir}/sub"
+        r = await sb.run(["sh", "-c", "kill -TERM $$"], timeout_s=10)
+        assert r.exit_code == -signal.SIGTERM
+        with pytest.raises(FileNotFoundError):
+            await sb.run(["/no/such/binary"], timeout_s=10)
+
+
+async def test_run_timeout_kills_the_whole_tree(backend, base_spec, leak_check):
+    async with backend.open(base_spec) as sb:
+        r = await sb.run(["sh", "-c", "setsid sleep 300 & sleep 300 & echo started; sleep 300"],
+                         timeout_s=0.5)
+        assert r.timed_out and r.exit_code is None
+        assert r.stdout == b"started\n"
+        assert r.duration_s < 5
+        await trio.sleep(0.1)
+        assert marked_pids(leak_check.tag) == []
+
+
+async def test_run_kills_what_the_command_leaves_behind(backend, base_spec, leak_check):
+    """setsid and double-fork escapees are killed once the command returns."""
+    async with backend.open(base_spec) as sb:
+        script = "setsid sleep 300 & (sleep 301 &) & nohup sleep 302 >/dev/null 2>&1 & echo ok"
+        r = await sb.run(["sh", "-c", script], timeout_s=10)
+        assert r.exit_code == 0 and r.stdout == b"ok\n" and not r.timed_out
+        assert r.duration_s < 5  # the escapees held no pipe open long
+        await trio.sleep(0.1)
+        assert marked_pids(leak_check.tag) == []
+
+
+async def test_run_output_is_bounded_head_and_tail(backend, base_spec):
+    async with backend.open(base_spec) as sb:
+        script = "echo HEAD; head -c 3000000 /dev/zero | tr '\\0' x; echo; echo TAIL"
+        r = await sb.run(["sh", "-c", script], timeout_s=20, max_output_bytes=10_000)
+        assert r.truncated and r.exit_code == 0
+        assert len(r.stdout) < 10_200
+        assert r.stdout.startswith(b"HEAD\n") and r.stdout.endswith(b"TAIL\n")
+        assert b"bytes truncated" in r.stdout
+
+
+async def test_run_is_cancellable(backend, base_spec, leak_check):
+    async with backend.open(base_spec) as sb:
+        with trio.move_on_after(0.5) as scope:
+            await sb.run(["sleep", "300"], timeout_s=60)
+        assert scope.cancelled_caught
+        with trio.fail_after(5):
+            while marked_pids(leak_check.tag):
+                await trio.sleep(0.05)
+
+
+# ----- spawn, pty, wait, signal ------------------------------------------------------
+
+
+async def test_spawn_on_pty(backend, base_spec):
+    async with backend.open(base_spec) as sb:
+        proc = await sb.spawn(["bash", "--norc", "--noprofile", "-i"], pty=True, rows=30, cols=100)
+        try:
+            assert proc.pty_fd is not None and proc.stdin is None
+            os.write(proc.pty_fd, b"stty size; echo $((6*7))MARK; tty\n")
+            out = await read_pty_until(proc.pty_fd, b"42MARK")
+            assert b"30 100" in out
+            os.write(proc.pty_fd, b"exit 5\n")
+            with trio.fail_after(10):
+                assert await proc.wait() == 5
+            assert proc.returncode == 5
+        finally:
+            os.close(proc.pty_fd)
+
+
+async def test_spawn_on_pipes(backend, base_spec):
+    async with backend.open(base_spec) as sb:
+        proc = await sb.spawn(["sh", "-c", "cat; echo err >&2"])
+        assert proc.pty_fd is None and proc.stdin and proc.stdout
+        await proc.stdin.send_all(b"hello\n")
+        await proc.stdin.aclose()
+        out = b""
+        with trio.fail_after(10):
+            while chunk := await proc.stdout.receive_some(1024):
+                out += chunk
+            assert await proc.wait() == 0
+        assert out == b"hello\nerr\n"  # stderr merged into stdout
+        await proc.aclose()
+
+
+async def test_wait_is_cancellable_and_signal_reaches_the_group(backend, base_spec, leak_check):
+    async with backend.open(base_spec) as sb:
+        proc = await sb.spawn(["sh", "-c", "sleep 300 & sleep 300; wait"])
+        with trio.move_on_after(0.3) as scope:
+            await proc.wait()
+        assert scope.cancelled_caught and proc.returncode is None
+        await proc.signal(signal.SIGKILL)  # group: the shell and both sleeps
+        with trio.fail_after(10):
+            assert await proc.wait() == -signal.SIGKILL
+        await proc.aclose()
+        with trio.fail_after(5):
+            while marked_pids(leak_check.tag):
+                await trio.sleep(0.05)
+        with pytest.raises(OSError) as info:
+            await sb.signal(1, signal.SIGKILL)  # not a process the sandbox owns
+        assert info.value.errno == errno.ESRCH
+
+
+# ----- files ---------------------------------------------------------------------------
+
+
+async def test_file_operations(backend, base_spec):
+    async with backend.open(base_spec) as sb:
+        await sb.mkdir("a/b/c")
+        await sb.write_file("a/b/c/f.txt", b"\x00binary\xff", mode=0o600)
+        assert await sb.read_file("a/b/c/f.txt") == b"\x00binary\xff"
+        assert await sb.read_file(f"{sb.workdir}/a/b/c/f.txt", max_bytes=3) == b"\x00bi"
+        assert (sb.workspace / "a/b/c/f.txt").read_bytes() == b"\x00binary\xff"  # host view
+        st = await sb.stat("a/b/c/f.txt")
+        assert st is not None and st.type == "file" and st.size == 8 and st.mode == 0o600
+        assert await sb.stat("missing") is None
+        assert (await sb.stat("a")).type == "dir"
+        names = [(e.name, e.type) for e in await sb.list_dir("a/b/c")]
+        assert names == [("f.txt", "file")]
+        r = await sb.run(["cat", "a/b/c/f.txt"], timeout_s=10)
+        assert r.stdout == b"\x00binary\xff"
+        with pytest.raises(FileNotFoundError):
+            await sb.read_file("nope.txt")
+        with pytest.raises(IsADirectoryError):
+            await sb.read_file("a")
+        with pytest.raises(FileNotFoundError):
+            await sb.mkdir("x/y/z", parents=False)
+        tmpdir = (await sb.run(["sh", "-c", "echo $TMPDIR"], timeout_s=10)).stdout.decode().strip()
+        await sb.write_file(f"{tmpdir}/t.txt", b"TMPDIR is a file root too")
+        assert await sb.read_file(f"{tmpdir}/t.txt") == b"TMPDIR is a file root too"
+        await sb.remove("a")
+        assert await sb.stat("a") is None
+        await sb.write_file("big.bin", os.urandom(3 << 20))
+        assert len(await sb.read_file("big.bin")) == 3 << 20
+
+
+async def test_paths_cannot_escape(backend, base_spec):
+    async with backend.open(base_spec) as sb:
+        r = await sb.run(["sh", "-c", "ln -s /etc/passwd out.txt; ln -s /etc d; "
+                          "echo in > real.txt; ln -s real.txt inner.txt"], timeout_s=10)
+        assert r.exit_code == 0
+        for bad in ("../../../etc/passwd", "/etc/passwd", "out.txt", "d/hostname"):
+            with pytest.raises(PathEscapeError):
+                await sb.read_file(bad)
+        with pytest.raises(PathEscapeError):
+            await sb.write_file("d/evil", b"x")
+        with pytest.raises(PathEscapeError):
+            await sb.write_file("out.txt", b"x")
+        with pytest.raises(PathEscapeError):
+            await sb.list_dir("d")
+        with pytest.raises(PathEscapeError):
+            await sb.mkdir("d/newdir")
+        with pytest.raises(PermissionError):  # PathEscapeError is a PermissionError too
+            await sb.stat("out.txt")
+        assert await sb.read_file("inner.txt") == b"in\n"  # a symlink inside is fine
+        entries = {e.name: e.type for e in await sb.list_dir(".")}
+        assert entries["out.txt"] == "symlink"
+        await sb.remove("d")  # removes the link, not /etc
+        assert os.path.isdir("/etc") and await sb.stat("d") is None
+
+
+# ----- limits, lifetime, teardown ---------------------------------------------------------
+
+
+async def test_limits_are_enforced_and_reported(backend, base_spec):
+    spec = base_spec.model_copy(update={"memory_mb": 64, "pids_max": 64})
+    async with backend.open(spec) as sb:
+        assert set(sb.limits) >= {"memory", "pids", "cpu", "disk", "lifetime"}
+        r = await sb.run(["python3", "-c", "b = bytearray(256 << 20); print('allocated')"],
+                         timeout_s=20)
+        assert r.stdout != b"allocated\n" and r.exit_code != 0
+        if sb.limits["pids"].startswith("cgroup"):
+            r = await sb.run(["sh", "-c", "for i in $(seq 200); do sleep 2 & done; wait"],
+                             timeout_s=20)
+            assert b"fork" in r.stderr.lower() or r.exit_code != 0
+
+
+async def test_lifetime_ends_the_sandbox(backend, base_spec, leak_check):
+    spec = base_spec.model_copy(update={"lifetime_s": 1.0})
+    async with backend.open(spec) as sb:
+        proc = await sb.spawn(["sleep", "300"])
+        await proc.aclose()
+        with trio.fail_after(10):
+            with pytest.raises(SandboxClosed, match="lifetime"):
+                while True:
+                    await sb.run(["true"], timeout_s=5)
+                    await trio.sleep(0.1)
+        with trio.fail_after(5):
+            while marked_pids(leak_check.tag):
+                await trio.sleep(0.05)
+
+
+async def test_teardown_kills_everything_and_removes_dirs(backend, base_spec, leak_check):
+    async with backend.open(base_spec) as sb:
+        proc = await sb.spawn(["sh", "-c", "setsid sleep 300 & sleep 300"], pty=True)
+        os.close(proc.pty_fd)
+        await sb.run(["sh", "-c", "echo x > f"], timeout_s=10)
+        workspace, control = sb.workspace, sb.control_dir
+        assert marked_pids(leak_check.tag)
+        assert control.is_dir() and (control / "h.sock").exists()
+    assert not workspace.exists() and not control.exists()
+    assert marked_pids(leak_check.tag) == []
+    with pytest.raises(SandboxClosed):
+        await sb.run(["true"], timeout_s=5)
+
+
+async def test_teardown_is_shielded_when_cancelled(backend, base_spec, leak_check):
+    fds = []
+    with trio.move_on_after(0.5):
+        async with backend.open(base_spec) as sb:
+            proc = await sb.spawn(["sh", "-c", "setsid sleep 300 & sleep 300"], pty=True)
+            fds.append(proc.pty_fd)
+            await trio.sleep_forever()
+    os.close(fds[0])
+    assert marked_pids(leak_check.tag) == []  # torn down although cancelled
+
+
+@pytest.mark.slow
+async def test_open_close_cycles_leak_nothing(backend, base_spec, leak_check):
+    for _ in range(15):
+        async with backend.open(base_spec) as sb:
+            r = await sb.run(["sh", "-c", "sleep 300 & echo $$"], timeout_s=10)
+            assert r.exit_code == 0
+            proc = await sb.spawn(["sleep", "300"], pty=True)
+            os.close(proc.pty_fd)
+    # the leak_check fixture asserts: no processes, fds, dirs or mounts left
+
+
+async def test_control_dir_path_is_the_same_inside(backend, base_spec):
+    async with backend.open(base_spec) as sb:
+        r = await sb.run(["ls", str(sb.control_dir)], timeout_s=10)
+        assert r.exit_code == 0 and b"h.sock" in r.stdout
+        r = await sb.run([sb.python, "-c", "print(1 + 1)"], timeout_s=20)
+        assert r.stdout == b"2\n"
+
+
+async def test_spec_backend_mismatch_is_refused(backend, base_spec):
+    other = "local" if backend.name != "local" else "bwrap"
+    from sandbox import SandboxStartError
+
+    with pytest.raises(SandboxStartError):
+        async with backend.open(base_spec.model_copy(update={"backend": other})):
+            pass
+
+
+def test_spec_validation():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        SandboxSpec(workdir="relative")
+    with pytest.raises(ValidationError):
+        SandboxSpec(memory_mb=0)
+    with pytest.raises(ValidationError):
+        SandboxSpec(unknown=1)
