@@ -369,6 +369,8 @@ class Node:
             default_backend=s.sandbox_backend,
             state_dir=s.state_dir / "sandboxes",
             boot_id=self.boot_id,
+            pool_size=s.sandbox_pool_size,
+            pool_spec=self.pipeline.sandbox_defaults(),
             **self._sandbox_options(),
         )
         await nursery.start(supervisor.run)
@@ -385,10 +387,9 @@ class Node:
     def _sandbox_options(self) -> dict[str, Any]:
         s = self.settings
         options: dict[str, Any] = {}
-        if s.apptainer_binary:
-            options["apptainer_binary"] = s.apptainer_binary
-        if s.image_cache_dir:
-            options["image_cache_dir"] = s.image_cache_dir
+        if s.sandbox_backend == "apptainer":
+            options["apptainer"] = s.apptainer_binary
+            options["image_cache_dir"] = str(s.image_cache_dir or s.cache_dir / "images")
         return options
 
     async def _start_federation(self, nursery: trio.Nursery) -> None:

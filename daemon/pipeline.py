@@ -279,11 +279,18 @@ class Pipeline:
         supervisor = self.services.supervisor
         if supervisor is None:
             raise PipelineError("this daemon has no sandbox supervisor")
+        update: dict[str, Any] = {
+            key: value for key, value in self.sandbox_defaults().items() if getattr(spec, key) is None
+        }
         if spec.lifetime_s is None:
-            spec = spec.model_copy(update={
-                "lifetime_s": job.budget.remaining() + self.settings.sandbox_lifetime_buffer_s
-            })
-        return await supervisor.open(spec)
+            update["lifetime_s"] = job.budget.remaining() + self.settings.sandbox_lifetime_buffer_s
+        return await supervisor.open(spec.model_copy(update=update))
+
+    def sandbox_defaults(self) -> dict[str, Any]:
+        """Limits a sandbox gets when its task names none (from the settings)."""
+        s = self.settings
+        return {"memory_mb": s.sandbox_memory_mb, "pids_max": s.sandbox_pids_max,
+                "cpu_cores": s.sandbox_cpu_cores}
 
     @asynccontextmanager
     async def _scoped_sandbox(self, spec: SandboxSpec, job: Job) -> AsyncIterator[Sandbox]:

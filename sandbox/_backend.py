@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 import trio
 
+from ._child import ChildProcess
 from ._exceptions import SandboxClosed, SandboxStartError
 from ._layout import Layout, SandboxDirs, kill_marked, kill_recorded, mounts_under
 from ._limits import LimitPlan, Limits
@@ -55,7 +56,7 @@ class Handle:
 
     dirs: SandboxDirs
     plan: LimitPlan | None = None
-    process: trio.Process | None = None
+    process: ChildProcess | None = None
     mounted: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     torn_down: bool = False
@@ -195,9 +196,11 @@ class Backend:
         dirs = handle.dirs
         log_fd = os.open(dirs.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
-            handle.process = await trio.lowlevel.open_process(
+            # Not trio.lowlevel.open_process: see _child.py (parent-death signals are per thread).
+            handle.process = ChildProcess.spawn(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_fd,
                 start_new_session=True, env=self._wrapper_env(), cwd=str(dirs.root))
+            await trio.lowlevel.checkpoint()
         finally:
             os.close(log_fd)
         dirs.write_pid(handle.process.pid)

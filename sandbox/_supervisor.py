@@ -114,8 +114,9 @@ class SandboxSupervisor:
         await entry.done.wait()
 
     def _pool_match(self, spec: SandboxSpec) -> bool:
-        template = self.pool_spec.model_copy(update={"backend": None})
-        return spec.model_copy(update={"backend": None}) == template
+        # A job's own lifetime differs per job; a pooled sandbox is released with its job.
+        ignore = {"backend": None, "lifetime_s": None}
+        return spec.model_copy(update=ignore) == self.pool_spec.model_copy(update=ignore)
 
     async def _hold(self, backend: Backend, spec: SandboxSpec, *,
                     task_status: trio.TaskStatus[Sandbox] = trio.TASK_STATUS_IGNORED) -> None:
