@@ -86,6 +86,18 @@ def error(status: int, etype: str, message: str, *, retry_after_s: float | None 
     return resp
 
 
+async def _discard_body() -> None:
+    """Read and drop an unread request body before answering early (401, 405, ...).
+
+    Without this a keep-alive connection would still hold the body, and the client's next
+    request on it would never be answered.
+    """
+    try:
+        await request.get_data(cache=False)
+    except Exception:  # noqa: BLE001 - too large or broken: the connection is closed anyway
+        pass
+
+
 def _depth(value: Any, limit: int) -> int:
     """Nesting depth of a decoded JSON value, giving up past ``limit``."""
     stack = [(value, 1)]
@@ -160,6 +172,7 @@ def create_app(node: Node) -> QuartTrio:
         if scheme.lower() != "bearer" or not hmac.compare_digest(
             given.strip().encode(), token.encode()
         ):
+            await _discard_body()
             resp = error(401, "unauthorized", "a valid bearer token is required")
             resp.headers["WWW-Authenticate"] = "Bearer"
             return resp
@@ -172,11 +185,17 @@ def create_app(node: Node) -> QuartTrio:
     @app.errorhandler(HTTPException)
     async def _http_error(exc: HTTPException) -> Response:
         status = exc.code or 400
+        if status != 413:
+            await _discard_body()
         etype = {
             404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
             408: "request_timeout", 400: "bad_request",
         }.get(status, "http_error")
-        return error(status, etype, exc.description or exc.name)
+        resp = error(status, etype, exc.description or exc.name)
+        if status == 413:
+            # The rest of the body is never read: end the connection rather than leave it stuck.
+            resp.headers["Connection"] = "close"
+        return resp
 
     @app.errorhandler(Exception)
     async def _bug(exc: Exception) -> Response:

@@ -67,3 +67,21 @@ async def test_request_stop_drains_and_returns(tmp_path):
     assert trajs[quick.ids[0]].status.value == "completed"
     assert trajs[slow.ids[0]].status.value == "cancelled"
     assert node.draining and not node.ready
+
+
+async def test_keep_alive_survives_early_error_answers(nursery, tmp_path):
+    """A 401/405/413 answered before the body is read must not wedge the connection."""
+    node = Node(make_settings(tmp_path, token="tok", max_body_bytes=4096), services=Services())
+    await nursery.start(node.run)
+    import httpx
+
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    async with httpx.AsyncClient(base_url=node.urls[0], limits=limits, timeout=5) as h:
+        auth = {"Authorization": "Bearer tok"}
+        with trio.fail_after(20):
+            assert (await h.request("TRACE", "/v1/policy_version", json={"version": 1}, headers=auth)).status_code == 405
+            assert (await h.put("/v1/policy_version", json={"version": 1})).status_code == 401
+            assert (await h.post("/v1/rollouts", content=b"x" * 100_000, headers=auth)).status_code == 413
+            for _ in range(3):
+                assert (await h.get("/v1/status", headers=auth)).status_code == 200
+    node.request_stop()

@@ -10,7 +10,6 @@ import pytest
 import trio
 
 
-
 @pytest.mark.slow
 async def test_sandbox_survives_worker_thread_retirement(backend, base_spec):
     async with backend.open(base_spec) as sb:
