@@ -172,11 +172,18 @@ def create_app(node: Node) -> QuartTrio:
         if scheme.lower() != "bearer" or not hmac.compare_digest(
             given.strip().encode(), token.encode()
         ):
-            await _discard_body()
             resp = error(401, "unauthorized", "a valid bearer token is required")
             resp.headers["WWW-Authenticate"] = "Bearer"
             return resp
         return None
+
+    @app.after_request
+    async def _finish_body(resp: Response) -> Response:
+        # Routes that answer without reading the body (OPTIONS, 405, 401, ...) must still
+        # consume it, or a keep-alive connection would wedge on the next request.
+        if resp.status_code != 413:
+            await _discard_body()
+        return resp
 
     @app.errorhandler(ServiceError)
     async def _service_error(exc: ServiceError) -> Response:
@@ -185,8 +192,6 @@ def create_app(node: Node) -> QuartTrio:
     @app.errorhandler(HTTPException)
     async def _http_error(exc: HTTPException) -> Response:
         status = exc.code or 400
-        if status != 413:
-            await _discard_body()
         etype = {
             404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
             408: "request_timeout", 400: "bad_request",

@@ -140,9 +140,8 @@ class Pipeline:
             # Whatever is still live when the pipeline is torn down ends cancelled.
             with trio.move_on_after(RELEASE_TIMEOUT_S, shield=True):
                 for job in list(self._live):
-                    self._finish(job, Status.cancelled, stage=_stage_of(job),
-                                 etype="cancelled", message="the daemon stopped")
-                    await self._release(job)
+                    await self._conclude(job, Status.cancelled, stage=_stage_of(job),
+                                         etype="cancelled", message="the daemon stopped")
 
     async def _init_worker(self) -> None:
         while True:
@@ -163,8 +162,7 @@ class Pipeline:
         async with recv:
             async for job in recv:
                 if await self._stage(job, Stage.eval, self._do_eval):
-                    self._finish(job, Status.completed)
-                await self._release(job)
+                    await self._conclude(job, Status.completed)
 
     async def _stage(self, job: Job, stage: Stage, work: Callable[[Job], Awaitable[None]]) -> bool:
         """Run one stage of a job; True if the job goes on to the next stage."""
@@ -172,9 +170,8 @@ class Pipeline:
             await self._release(job)
             return False
         if job.cancel_requested:
-            self._finish(job, Status.cancelled, stage=stage, etype="cancelled",
-                         message=f"cancelled before {stage.value}")
-            await self._release(job)
+            await self._conclude(job, Status.cancelled, stage=stage, etype="cancelled",
+                                 message=f"cancelled before {stage.value}")
             return False
         stats = self.stats[stage]
         job.set_stage(Status(stage.value))
@@ -193,10 +190,9 @@ class Pipeline:
             outcome = (Status.timed_out, "timeout",
                        f"timeout_s={job.request.timeout_s:g} spent during {stage.value}")
         except trio.Cancelled:
-            self._finish(job, Status.cancelled, stage=stage, etype="cancelled",
-                         message="the daemon stopped")
-            with trio.move_on_after(RELEASE_TIMEOUT_S, shield=True):
-                await self._release(job)
+            with trio.CancelScope(shield=True):
+                await self._conclude(job, Status.cancelled, stage=stage, etype="cancelled",
+                                     message="the daemon stopped")
             raise
         except Exception as exc:
             log.warning("job %s failed in %s: %r", job.id, stage.value, exc,
@@ -219,8 +215,7 @@ class Pipeline:
             usable = bool(job.trajectory.turns)
             job.trajectory.reward = 0.0
             job.trajectory.reward_info = {"reason": "timed_out"}
-        self._finish(job, status, stage=stage, etype=etype, message=message, usable=usable)
-        await self._release(job)
+        await self._conclude(job, status, stage=stage, etype=etype, message=message, usable=usable)
         return False
 
     # ---- stage bodies --------------------------------------------------------------
@@ -323,6 +318,12 @@ class Pipeline:
         self._live.discard(job)
         if not self._live:
             self._idle.set()
+
+    async def _conclude(self, job: Job, status: Status, **details: Any) -> None:
+        """Release what the job holds (bounded), then publish its terminal status: a trainer
+        that sees a result can count on its sandbox being gone."""
+        await self._release(job)
+        self._finish(job, status, **details)
 
     def _finish(
         self,

@@ -81,6 +81,7 @@ async def test_keep_alive_survives_early_error_answers(nursery, tmp_path):
         with trio.fail_after(20):
             assert (await h.request("TRACE", "/v1/policy_version", json={"version": 1}, headers=auth)).status_code == 405
             assert (await h.put("/v1/policy_version", json={"version": 1})).status_code == 401
+            assert (await h.request("OPTIONS", "/v1/status", json={"x": 1}, headers=auth)).status_code == 200
             assert (await h.post("/v1/rollouts", content=b"x" * 100_000, headers=auth)).status_code == 413
             for _ in range(3):
                 assert (await h.get("/v1/status", headers=auth)).status_code == 200
