@@ -1,0 +1,70 @@
+"""The rolloutd command line against a real daemon: submit with progress, status, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+
+from daemon.cli import CliError, main, read_tasks
+from daemon.node import Node
+from daemon.pipeline import Services
+
+from .conftest import make_settings
+
+
+def test_read_tasks_names_the_bad_line(tmp_path):
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"kind": "sleep"}\n\n{"kind": "sleep"\n')
+    with pytest.raises(CliError, match=r"t\.jsonl:3: not valid JSON"):
+        read_tasks(f)
+    f.write_text('{"kind": "sleep"}\n["not", "an", "object"]\n')
+    with pytest.raises(CliError, match=r"t\.jsonl:2: a task must be a JSON object"):
+        read_tasks(f)
+    f.write_text("\n")
+    with pytest.raises(CliError, match="no tasks"):
+        read_tasks(f)
+    with pytest.raises(CliError, match="cannot read"):
+        read_tasks(tmp_path / "missing.jsonl")
+
+
+def test_cli_errors_exit_2_with_a_message(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{oops\n")
+    assert main(["submit", str(bad), "--url", "http://127.0.0.1:9"]) == 2
+    assert "bad.jsonl:1" in capsys.readouterr().err
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("nonsense_key = 1\n")
+    assert main(["serve", "--config", str(cfg)]) == 2
+    assert "nonsense_key" in capsys.readouterr().err
+
+
+async def test_submit_and_status_against_a_daemon(tmp_path, nursery, capsys):
+    node = Node(make_settings(tmp_path), services=Services())
+    await nursery.start(node.run)
+    url = node.urls[0]
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"kind": "sleep", "run_s": 0.01}\n{"kind": "sleep", "reward": 0.5}\n')
+    out = tmp_path / "out.jsonl"
+    rc = await trio.to_thread.run_sync(main, ["submit", str(tasks), "--n", "3", "--out", str(out), "--url", url])
+    assert rc == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 6 and {r["status"] for r in rows} == {"completed"}
+    assert sorted(r["reward"] for r in rows) == [0.5, 0.5, 0.5, 1.0, 1.0, 1.0]
+    err = capsys.readouterr().err
+    assert "6 rollouts" in err and "completed 6" in err
+
+    rc = await trio.to_thread.run_sync(main, ["status", "--url", url])
+    text = capsys.readouterr().out
+    assert rc == 0 and "stages" in text and "run" in text and "completed 6" in text
+    rc = await trio.to_thread.run_sync(main, ["status", "--url", url, "--json"])
+    assert json.loads(capsys.readouterr().out)["rollouts"]["completed"] == 6
+    rc = await trio.to_thread.run_sync(main, ["status", "--url", url, "--federation"])
+    assert "not enabled" in capsys.readouterr().out
+    node.request_stop()
+
+
+async def test_unreachable_daemon_exits_1(capsys):
+    rc = await trio.to_thread.run_sync(main, ["status", "--url", "http://127.0.0.1:9"])
+    assert rc == 1 and "unreachable" in capsys.readouterr().err
