@@ -1,0 +1,208 @@
+"""``code``: the model writes a Python solution file; tests run in a fresh sandbox.
+
+Task fields::
+
+    {"kind": "code", "id": "sum-two", "prompt": "Read two integers ...",
+     "entry": "solution.py",                  # the file the model writes (default)
+     "tests": [{"stdin": "1 2\\n", "stdout": "3\\n"}, ...],   # stdin/stdout cases, or
+     "pytest": "from solution import add\\ndef test_add(): ...",   # a pytest file
+     "reward": "fraction",                    # or "all": 1.0 only when every test passes
+     "files": {"helper.txt": "..."},          # optional starting files
+     "timeout_s": 10, "memory_mb": 512, "pids_max": 64,   # limits of the test sandbox
+     "tools": ["bash", "editor", "finish"]}
+
+EVAL reads ``entry`` from the rollout's workspace; if the model never wrote it, the last
+fenced Python block of its final answer is used instead (``reward_info.solution_from``).
+The solution and tests are copied into a *fresh* sandbox with the limits above (no
+network); each stdin/stdout case runs ``python entry`` with its stdin under ``timeout_s``
+and passes when the output matches (trailing whitespace ignored). A pytest file runs as
+``test_solution.py`` next to the solution; every collected test counts. The reward is the
+fraction of tests that pass, or with ``"reward": "all"`` 1.0 or 0.0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from daemon.tasks._common import (
+    RUNNER_SOURCE,
+    answer_texts,
+    code_block,
+    int_field,
+    number_field,
+    read_runner_output,
+    runner_argv,
+    tail,
+    text_field,
+    tools_field,
+)
+from daemon.tasks.base import EvalContext, Prompt, Reward, TaskError, TaskHandler
+from daemon.trajectory import Trajectory
+from sandbox import Sandbox, SandboxSpec
+
+TEST_FILE = "test_solution.py"
+RUNNER_FILE = "_rolloutd_runner.py"
+RESULT_FILE = "_rolloutd_result.json"
+#: The rollout's own sandbox (where the model works).
+AGENT_MEMORY_MB = 1024
+AGENT_PIDS_MAX = 256
+MAX_SOLUTION_BYTES = 1_000_000
+
+SYSTEM = (
+    "You are a programmer working in a Linux sandbox; the current directory is {workdir}. "
+    "Write a complete Python 3 program to the file {entry} that solves the task{io}. "
+    "Use the tools to write and test it, then call finish."
+)
+
+
+def normalise_output(text: str) -> str:
+    lines = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
+    while lines and not lines[-1]:
+        lines.pop()
+    return "\n".join(lines)
+
+
+def _check_relpath(path: object, what: str) -> str:
+    if (not isinstance(path, str) or not path or path.startswith("/") or "\0" in path
+            or any(part in ("", ".", "..") for part in path.split("/"))):
+        raise TaskError(f"code task: {what} must be a relative path inside the workspace, got {path!r}")
+    return path
+
+
+class CodeTask(TaskHandler):
+    kind = "code"
+
+    def validate(self, task: dict[str, Any]) -> dict[str, Any]:
+        out = dict(task)
+        out["prompt"] = text_field(task, "prompt", "code", aliases=("question",))
+        out["entry"] = _check_relpath(task.get("entry", "solution.py"), "'entry'")
+        if not out["entry"].endswith(".py"):
+            raise TaskError("code task: 'entry' must be a .py file")
+        tests, pytest_src = task.get("tests"), task.get("pytest")
+        if (tests is None) == (pytest_src is None):
+            raise TaskError("code task: give exactly one of 'tests' (stdin/stdout cases) or 'pytest'")
+        if tests is not None:
+            if not isinstance(tests, list) or not tests:
+                raise TaskError("code task: 'tests' must be a non-empty list of {stdin, stdout} cases")
+            for i, case in enumerate(tests):
+                if (not isinstance(case, dict) or not isinstance(case.get("stdout"), str)
+                        or not isinstance(case.get("stdin", ""), str)
+                        or set(case) - {"stdin", "stdout"}):
+                    raise TaskError(f"code task: tests[{i}] must be {{\"stdin\": str, \"stdout\": str}}")
+            out["tests"] = [{"stdin": c.get("stdin", ""), "stdout": c["stdout"]} for c in tests]
+            out.pop("pytest", None)
+        elif not isinstance(pytest_src, str) or not pytest_src.strip():
+            raise TaskError("code task: 'pytest' must be the text of a pytest file")
+        else:
+            out.pop("tests", None)
+        mode = task.get("reward", "fraction")
+        if mode not in ("fraction", "all"):
+            raise TaskError("code task: 'reward' must be 'fraction' or 'all'")
+        out["reward"] = mode
+        files = task.get("files", {})
+        if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+            raise TaskError("code task: 'files' must map relative paths to text")
+        for path in files:
+            _check_relpath(path, "a 'files' path")
+        out["files"] = dict(files)
+        out["timeout_s"] = number_field(task, "timeout_s", "code", 10.0)
+        out["memory_mb"] = int_field(task, "memory_mb", "code", 512, minimum=16)
+        out["pids_max"] = int_field(task, "pids_max", "code", 64, minimum=8)
+        out["tools"] = tools_field(task, "code", ["bash", "editor", "finish"])
+        return out
+
+    def sandbox_spec(self, task: dict[str, Any]) -> SandboxSpec:
+        return SandboxSpec(memory_mb=max(AGENT_MEMORY_MB, task["memory_mb"]), pids_max=AGENT_PIDS_MAX)
+
+    def eval_spec(self, task: dict[str, Any]) -> SandboxSpec:
+        return SandboxSpec(memory_mb=task["memory_mb"], pids_max=task["pids_max"], network=False)
+
+    async def setup(self, sandbox: Sandbox | None, task: dict[str, Any]) -> None:
+        assert sandbox is not None
+        for path, text in task["files"].items():
+            await sandbox.write_file(path, text.encode())
+
+    def prompt(self, task: dict[str, Any]) -> Prompt:
+        io = " (read standard input, write standard output)" if "tests" in task else ""
+        system = SYSTEM.format(workdir="/workspace", entry=task["entry"], io=io)
+        return Prompt(
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": task["prompt"]}],
+            tools=list(task["tools"]),
+        )
+
+    async def evaluate(self, task: dict[str, Any], trajectory: Trajectory, ctx: EvalContext) -> Reward:
+        source, origin = await self._solution(task, trajectory, ctx)
+        if source is None:
+            return Reward(0.0, {"reason": "no_solution", "passed": 0, "total": self._count(task)})
+        async with ctx.open_sandbox(self.eval_spec(task)) as sb:
+            await sb.write_file(task["entry"], source)
+            for path, text in task["files"].items():
+                await sb.write_file(path, text.encode())
+            output = None
+            if "tests" in task:
+                results = await self._run_cases(sb, task)
+            else:
+                results, output = await self._run_pytest(sb, task)
+        passed = sum(1 for r in results if r["passed"])
+        total = max(len(results), self._count(task))
+        if task["reward"] == "all":
+            reward = 1.0 if total and passed == total else 0.0
+        else:
+            reward = passed / total if total else 0.0
+        info = {"passed": passed, "total": total, "mode": task["reward"],
+                "solution_from": origin, "tests": results}
+        if output is not None and passed < total:
+            info["output"] = output
+        return Reward(reward, info)
+
+    @staticmethod
+    def _count(task: dict[str, Any]) -> int:
+        return len(task["tests"]) if "tests" in task else 0
+
+    async def _solution(
+        self, task: dict[str, Any], trajectory: Trajectory, ctx: EvalContext
+    ) -> tuple[bytes | None, str | None]:
+        sb = ctx.sandbox
+        if sb is not None:
+            st = await sb.stat(task["entry"])
+            if st is not None and st.type == "file":
+                return await sb.read_file(task["entry"], max_bytes=MAX_SOLUTION_BYTES), "workspace"
+        for source, text in answer_texts(ctx.final_answer, trajectory):
+            block = code_block(text)
+            if block is not None and block.strip():
+                return block.encode(), f"{source}_code_block"
+        return None, None
+
+    async def _run_cases(self, sb: Sandbox, task: dict[str, Any]) -> list[dict[str, Any]]:
+        results = []
+        for i, case in enumerate(task["tests"]):
+            res = await sb.run([sb.python, task["entry"]], stdin=case["stdin"].encode(),
+                               timeout_s=task["timeout_s"], max_output_bytes=100_000)
+            got = res.stdout.decode(errors="replace")
+            ok = (not res.timed_out and res.exit_code == 0
+                  and normalise_output(got) == normalise_output(case["stdout"]))
+            entry: dict[str, Any] = {"case": i, "passed": ok, "exit_code": res.exit_code,
+                                     "timed_out": res.timed_out, "seconds": round(res.duration_s, 3)}
+            if not ok:
+                entry["stdout"] = tail(got, 300)
+                entry["stderr"] = tail(res.stderr, 300)
+            results.append(entry)
+        return results
+
+    async def _run_pytest(self, sb: Sandbox, task: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+        await sb.write_file(TEST_FILE, task["pytest"].encode())
+        await sb.write_file(RUNNER_FILE, RUNNER_SOURCE.read_bytes())
+        argv = runner_argv(sb.python, RUNNER_FILE, tests=[], paths=[TEST_FILE], out=RESULT_FILE)
+        res = await sb.run(argv, timeout_s=task["timeout_s"], max_output_bytes=200_000)
+        output = tail(res.stdout + res.stderr, 1500)
+        if res.timed_out:
+            return [{"test": TEST_FILE, "passed": False, "outcome": "timed_out"}], output
+        try:
+            data = read_runner_output(await sb.read_file(RESULT_FILE))
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(f"code task: the test runner failed ({exc}): {output}") from None
+        results = [{"test": nodeid, "passed": outcome == "passed", "outcome": outcome}
+                   for nodeid, outcome in data["results"].items()]
+        if not results:
+            results = [{"test": TEST_FILE, "passed": False, "outcome": "no_tests"}]
+        return results, output

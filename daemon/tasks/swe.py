@@ -1,0 +1,267 @@
+"""``swe``: a SWE-bench-style instance. The agent edits a repository; hidden tests judge it.
+
+Task fields (SWE-bench / SWE-Gym export names)::
+
+    {"kind": "swe", "instance_id": "textkit-1", "repo": "example/textkit",
+     "base_commit": "<sha>", "problem_statement": "<the issue text>",
+     "test_patch": "<diff adding the hidden tests>",
+     "FAIL_TO_PASS": ["tests/test_x.py::test_new"],   # a list, or a JSON-encoded list
+     "PASS_TO_PASS": ["tests/test_x.py::test_old"],
+     "repo_path": "/abs/host/path/to/repo",          # bwrap/local: a git repository, or
+     "image": "/images/textkit-1.sif",               # apptainer: the instance's image,
+     "repo_dir": "/testbed",                         #   with the repository at repo_dir
+     "python": null,                                 # interpreter inside the sandbox
+     "test_timeout_s": 120, "memory_mb": 2048,
+     "tools": ["bash", "editor", "finish"]}
+
+INIT clones the repository (``repo_path`` bound read-only at its own path, or ``repo_dir``
+inside the image) into the workspace at ``base_commit``, so the agent's shell starts in it.
+EVAL takes ``git diff`` of the workspace against ``base_commit`` (new files included) and,
+in a fresh sandbox, clones the repository again, applies the model's patch, resets the files
+the test patch touches, applies the test patch and runs ``FAIL_TO_PASS + PASS_TO_PASS``.
+resolved = every listed test passes; reward 1.0 or 0.0. ``reward_info`` holds the patch,
+whether it applied, and every test's outcome.
+
+What counts as the model's failure (reward 0): an empty patch, a patch that does not apply,
+failing or timed-out tests, a workspace whose git repository the agent broke. What counts as
+an infrastructure or task error (status ``failed``, no reward): a sandbox that cannot start,
+a repository that cannot be cloned at ``base_commit``, a test patch that does not apply.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from daemon.tasks._common import (
+    RUNNER_SOURCE,
+    describe_run,
+    int_field,
+    number_field,
+    read_runner_output,
+    runner_argv,
+    tail,
+    text_field,
+    tools_field,
+)
+from daemon.tasks.base import EvalContext, Prompt, Reward, TaskError, TaskHandler
+from daemon.trajectory import Trajectory
+from sandbox import Bind, Sandbox, SandboxSpec
+
+GIT_TIMEOUT_S = 120.0
+#: Junk the agent's tools leave in the workspace (it is also their HOME): never part of a patch.
+EXCLUDES = (".bash_history", ".python_history", ".ipython/", ".jupyter/", ".local/", ".cache/",
+            ".config/", ".gitconfig", ".viminfo", "__pycache__/", "*.pyc", ".pytest_cache/")
+EVAL_REPO = "repo"
+MODEL_PATCH = "model.patch"
+TEST_PATCH = "test.patch"
+RUNNER_FILE = "runner.py"
+RESULT_FILE = "result.json"
+MAX_PATCH_BYTES = 5_000_000
+
+SYSTEM = (
+    "You are a software engineer working in a Linux sandbox. The repository is checked out "
+    "in the current directory ({workdir}). Fix the issue below by editing the source code "
+    "with the tools. Do not change the tests. When you are done, call finish."
+)
+
+_SAFE_REF = re.compile(r"[0-9A-Za-z][0-9A-Za-z._/-]{0,199}")
+_PATCH_FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
+
+# git as every command here runs it: no pager, no prompts, no hooks, any owner.
+_GIT = ["git", "-c", "safe.directory=*", "-c", "core.hooksPath=/dev/null",
+        "-c", "advice.detachedHead=false", "-c", "user.name=rolloutd",
+        "-c", "user.email=rolloutd@localhost"]
+
+
+def _test_list(task: dict[str, Any], key: str) -> list[str]:
+    value = task.get(key, [])
+    if isinstance(value, str):  # SWE-bench exports store these as JSON text
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise TaskError(f"swe task: {key!r} is a string but not a JSON list") from None
+    if not isinstance(value, list) or not all(isinstance(t, str) and t.strip() for t in value):
+        raise TaskError(f"swe task: {key!r} must be a list of test ids")
+    return list(value)
+
+
+def patch_files(patch: str) -> list[str]:
+    """Paths a unified git diff touches (old and new names)."""
+    files: list[str] = []
+    for a, b in _PATCH_FILE.findall(patch):
+        for path in (a, b):
+            if path not in files:
+                files.append(path)
+    return files
+
+
+class SweTask(TaskHandler):
+    kind = "swe"
+
+    def validate(self, task: dict[str, Any]) -> dict[str, Any]:
+        out = dict(task)
+        out["instance_id"] = text_field(task, "instance_id", "swe")
+        out.setdefault("id", out["instance_id"])
+        out["problem_statement"] = text_field(task, "problem_statement", "swe")
+        base = text_field(task, "base_commit", "swe").strip()
+        if not _SAFE_REF.fullmatch(base):
+            raise TaskError("swe task: 'base_commit' must be a commit id")
+        out["base_commit"] = base
+        test_patch = task.get("test_patch", "")
+        if not isinstance(test_patch, str):
+            raise TaskError("swe task: 'test_patch' must be a string (a unified diff)")
+        out["test_patch"] = test_patch
+        out["FAIL_TO_PASS"] = _test_list(task, "FAIL_TO_PASS")
+        out["PASS_TO_PASS"] = _test_list(task, "PASS_TO_PASS")
+        if not out["FAIL_TO_PASS"]:
+            raise TaskError("swe task: 'FAIL_TO_PASS' must list at least one test")
+        image, repo_path = task.get("image"), task.get("repo_path")
+        if image is None and repo_path is None:
+            raise TaskError("swe task: give 'repo_path' (a git repository on the daemon's host) "
+                            "or 'image' (the instance's Apptainer image)")
+        if image is not None:
+            if not isinstance(image, str) or not image.strip():
+                raise TaskError("swe task: 'image' must be a .sif path or a docker:// reference")
+            repo_dir = task.get("repo_dir", "/testbed")
+            if not isinstance(repo_dir, str) or not repo_dir.startswith("/"):
+                raise TaskError("swe task: 'repo_dir' must be an absolute path inside the image")
+            out["repo_dir"] = repo_dir
+        else:
+            if not isinstance(repo_path, str) or not repo_path.startswith("/"):
+                raise TaskError("swe task: 'repo_path' must be an absolute path")
+            try:
+                Bind(host=repo_path, dest=repo_path)
+            except ValueError as exc:
+                raise TaskError(f"swe task: 'repo_path': {exc}") from None
+        python = task.get("python")
+        if python is not None and (not isinstance(python, str) or not python.startswith("/")):
+            raise TaskError("swe task: 'python' must be an absolute path inside the sandbox")
+        out["test_timeout_s"] = number_field(task, "test_timeout_s", "swe", 120.0)
+        out["memory_mb"] = int_field(task, "memory_mb", "swe", 2048, minimum=64)
+        out["tools"] = tools_field(task, "swe", ["bash", "editor", "finish"])
+        return out
+
+    # ---- INIT ---------------------------------------------------------------------
+
+    def sandbox_spec(self, task: dict[str, Any]) -> SandboxSpec:
+        if task.get("image") is not None:
+            return SandboxSpec(backend="apptainer", image=task["image"], memory_mb=task["memory_mb"],
+                               pids_max=512, python=task.get("python"))
+        path = task["repo_path"]
+        return SandboxSpec(memory_mb=task["memory_mb"], pids_max=512, python=task.get("python"),
+                           binds=[Bind(host=path, dest=path, readonly=True)])
+
+    @staticmethod
+    def _source(task: dict[str, Any]) -> str:
+        return str(task["repo_dir"] if task.get("image") is not None else task["repo_path"])
+
+    async def _git(self, sb: Sandbox, args: list[str], *, cwd: str | None = None,
+                   what: str) -> None:
+        res = await sb.run([*_GIT, *args], timeout_s=GIT_TIMEOUT_S, cwd=cwd)
+        if res.exit_code != 0:
+            raise RuntimeError(f"swe task: {what} failed ({describe_run(res)})")
+
+    async def _checkout(self, sb: Sandbox, task: dict[str, Any], dest: str) -> None:
+        """Clone the repository into ``dest`` (relative to the workdir) at base_commit."""
+        source, base = self._source(task), task["base_commit"]
+        await self._git(sb, ["clone", "--quiet", "--no-hardlinks", "--no-checkout", "--", source, dest],
+                        what=f"cloning {source}")
+        await self._git(sb, ["checkout", "--quiet", "--detach", base, "--"], cwd=dest,
+                        what=f"checking out base_commit {base}")
+        await sb.write_file(f"{dest}/.git/info/exclude", ("\n".join(EXCLUDES) + "\n").encode())
+
+    async def setup(self, sandbox: Sandbox | None, task: dict[str, Any]) -> None:
+        assert sandbox is not None
+        await self._checkout(sandbox, task, ".")
+
+    def prompt(self, task: dict[str, Any]) -> Prompt:
+        return Prompt(
+            messages=[
+                {"role": "system", "content": SYSTEM.format(workdir="/workspace")},
+                {"role": "user", "content": "<issue>\n" + task["problem_statement"].strip() + "\n</issue>"},
+            ],
+            tools=list(task["tools"]),
+        )
+
+    # ---- EVAL ---------------------------------------------------------------------
+
+    async def model_patch(self, sb: Sandbox, task: dict[str, Any]) -> tuple[str | None, str]:
+        """``git diff`` of the workspace against base_commit, or (None, why) if there is none."""
+        add = await sb.run([*_GIT, "add", "-A", "."], timeout_s=GIT_TIMEOUT_S)
+        if add.exit_code != 0:
+            return None, f"git add failed in the workspace ({describe_run(add)})"
+        diff = await sb.run([*_GIT, "diff", "--cached", "--binary", "--no-color", task["base_commit"]],
+                            timeout_s=GIT_TIMEOUT_S, max_output_bytes=MAX_PATCH_BYTES)
+        if diff.exit_code != 0:
+            return None, f"git diff failed in the workspace ({describe_run(diff)})"
+        if diff.truncated:
+            return None, f"the patch is larger than {MAX_PATCH_BYTES} bytes"
+        return diff.stdout.decode(errors="replace"), ""
+
+    async def evaluate(self, task: dict[str, Any], trajectory: Trajectory, ctx: EvalContext) -> Reward:
+        if ctx.sandbox is None:
+            raise RuntimeError("swe task: the rollout's sandbox is gone; no patch to evaluate")
+        patch, why = await self.model_patch(ctx.sandbox, task)
+        info: dict[str, Any] = {"resolved": False, "patch": patch or "", "patch_applied": False,
+                                "instance_id": task["instance_id"]}
+        if patch is None:
+            return Reward(0.0, {**info, "reason": why})
+        if not patch.strip():
+            return Reward(0.0, {**info, "reason": "empty_patch"})
+        async with ctx.open_sandbox(self.sandbox_spec(task)) as sb:
+            applied, detail = await self._prepare_eval(sb, task, patch)
+            if not applied:
+                return Reward(0.0, {**info, "reason": "patch_does_not_apply", "apply_output": detail})
+            info["patch_applied"] = True
+            outcome = await self._run_tests(sb, task)
+        f2p = {t: outcome["results"].get(t, "missing") for t in task["FAIL_TO_PASS"]}
+        p2p = {t: outcome["results"].get(t, "missing") for t in task["PASS_TO_PASS"]}
+        resolved = all(v == "passed" for v in (*f2p.values(), *p2p.values()))
+        info.update(resolved=resolved, FAIL_TO_PASS=f2p, PASS_TO_PASS=p2p,
+                    runner=outcome.get("runner"), test_seconds=outcome.get("seconds"))
+        if outcome.get("timed_out"):
+            info["reason"] = "tests_timed_out"
+        if not resolved:
+            info["test_output"] = outcome.get("output", "")
+        return Reward(1.0 if resolved else 0.0, info)
+
+    async def _prepare_eval(self, sb: Sandbox, task: dict[str, Any], patch: str) -> tuple[bool, str]:
+        """Fresh checkout + model patch + test patch. (False, output) if the model's patch fails."""
+        await self._checkout(sb, task, EVAL_REPO)
+        await sb.write_file(MODEL_PATCH, patch.encode())
+        res = await sb.run([*_GIT, "apply", "--whitespace=nowarn", "--binary", f"../{MODEL_PATCH}"],
+                           cwd=EVAL_REPO, timeout_s=GIT_TIMEOUT_S)
+        if res.exit_code != 0:
+            return False, tail(res.stderr or res.stdout, 1000)
+        test_patch = task["test_patch"]
+        if test_patch.strip():
+            files = patch_files(test_patch)
+            if files:
+                # The hidden tests win over whatever the model did to those files.
+                reset = ('base=$1; shift; for f in "$@"; do '
+                         'git -c safe.directory="*" checkout -q "$base" -- "$f" 2>/dev/null '
+                         '|| rm -f -- "$f"; done')
+                await sb.run(["sh", "-c", reset, "sh", task["base_commit"], *files],
+                             cwd=EVAL_REPO, timeout_s=GIT_TIMEOUT_S)
+            await sb.write_file(TEST_PATCH, test_patch.encode())
+            await self._git(sb, ["apply", "--whitespace=nowarn", f"../{TEST_PATCH}"], cwd=EVAL_REPO,
+                            what="applying the task's test_patch")
+        await sb.write_file(RUNNER_FILE, RUNNER_SOURCE.read_bytes())
+        return True, ""
+
+    async def _run_tests(self, sb: Sandbox, task: dict[str, Any]) -> dict[str, Any]:
+        tests = list(dict.fromkeys([*task["FAIL_TO_PASS"], *task["PASS_TO_PASS"]]))
+        argv = runner_argv(sb.python, f"../{RUNNER_FILE}", tests=tests, paths=[],
+                           out=f"../{RESULT_FILE}")
+        res = await sb.run(argv, cwd=EVAL_REPO, timeout_s=task["test_timeout_s"],
+                           max_output_bytes=500_000)
+        output = tail(res.stdout + res.stderr)
+        if res.timed_out:
+            return {"results": {}, "timed_out": True, "output": output, "seconds": res.duration_s}
+        try:
+            data = read_runner_output(await sb.read_file(RESULT_FILE))
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(f"swe task: the test runner failed ({exc}): {output}") from None
+        return {**data, "output": output, "seconds": round(res.duration_s, 3)}
