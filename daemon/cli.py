@@ -79,25 +79,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def read_tasks(path: Path) -> list[dict[str, Any]]:
-    """Tasks from JSONL; a malformed line is an error naming the file and line number."""
+    """Tasks from JSONL, each checked by its handler; an error names the file and line."""
+    from daemon.tasks.jsonl import TaskFileError, load_tasks
+    from daemon.tasks.registry import TaskRegistry
+
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror}") from None
-    tasks = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            task = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CliError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-        if not isinstance(task, dict) or not isinstance(task.get("kind"), str):
-            raise CliError(f"{path}:{lineno}: a task must be a JSON object with a string 'kind'")
-        tasks.append(task)
-    if not tasks:
-        raise CliError(f"{path}: no tasks")
-    return tasks
+        return load_tasks(path, registry=TaskRegistry.default())
+    except TaskFileError as exc:
+        raise CliError(str(exc)) from None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

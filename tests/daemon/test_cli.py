@@ -68,3 +68,13 @@ async def test_submit_and_status_against_a_daemon(tmp_path, nursery, capsys):
 async def test_unreachable_daemon_exits_1(capsys):
     rc = await trio.to_thread.run_sync(main, ["status", "--url", "http://127.0.0.1:9"])
     assert rc == 1 and "unreachable" in capsys.readouterr().err
+
+
+def test_read_tasks_checks_each_task_with_its_handler(tmp_path):
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"kind": "sleep"}\n{"kind": "sleep", "run_s": -1}\n')
+    with pytest.raises(CliError, match=r"t\.jsonl:2: sleep task: run_s"):
+        read_tasks(f)
+    f.write_text('{"kind": "nope"}\n')
+    with pytest.raises(CliError, match=r"t\.jsonl:1: unknown task kind 'nope'"):
+        read_tasks(f)
