@@ -92,8 +92,12 @@ class Backend(Protocol):
     """
 
     name: str
-    kind: str
-    url: str | None
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def url(self) -> str | None: ...
 
     async def complete(
         self, prompt_ids: Sequence[int], params: SamplingParams, *, max_tokens: int

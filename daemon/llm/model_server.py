@@ -1,0 +1,303 @@
+"""``rolloutd model-server``: the embedded model over HTTP, speaking vLLM's request subset.
+
+Routes (the subset of vLLM's OpenAI server that rolloutd's vllm client uses):
+
+- ``POST /v1/completions``: ``prompt`` as token ids, ``max_tokens``, ``temperature``,
+  ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``, ``seed``, ``stop_token_ids``,
+  ``logprobs`` (0 or null), ``return_token_ids``, ``return_tokens_as_token_ids``; answers
+  vLLM's ``CompletionResponse`` shape (``choices[0].token_ids``, ``prompt_token_ids``,
+  ``logprobs.tokens``/``token_logprobs``, ``finish_reason``, ``usage``). Text prompts,
+  ``n > 1``, ``stream`` and ``logprobs > 0`` answer 400.
+- ``GET /v1/models``, ``GET /health`` (200, empty), ``GET /metrics`` (Prometheus text).
+
+A client that disconnects aborts its request (the generation thread stops at the next token),
+as vLLM does. ``--backend scripted`` serves the labelled test double instead of the model
+(fast, deterministic; for tests of failover and routing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from daemon.llm.base import Backend, BackendRejected, BackendUnavailable, LLMError, SamplingParams
+from daemon.llm.chat import ChatRenderer
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+MAX_BODY = 16 * 1024 * 1024
+
+
+class CompletionRequest(BaseModel):
+    """The accepted subset; unknown vLLM fields are ignored, as a server default would."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    prompt: list[int] = Field(min_length=1)
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0)
+    seed: int | None = None
+    stop_token_ids: list[int] | None = None
+    logprobs: int | None = Field(None, ge=0, le=0)
+    n: int = Field(1, ge=1, le=1)
+    stream: bool = Field(False, le=False)
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        p = "rolloutd_model_server_"
+        self.requests = Counter(p + "requests", "Completion requests by outcome", ["outcome"], registry=self.registry)
+        self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens received", registry=self.registry)
+        self.generation_tokens = Counter(p + "generation_tokens", "Tokens generated", registry=self.registry)
+        self.in_flight = Gauge(p + "requests_in_flight", "Requests being served", registry=self.registry)
+
+
+class ModelServerApp:
+    """A plain ASGI app over one backend (so the disconnect-means-abort path is explicit)."""
+
+    def __init__(self, backend: Backend, renderer: ChatRenderer, *, model_name: str, max_model_len: int) -> None:
+        self.backend = backend
+        self.renderer = renderer
+        self.model_name = model_name
+        self.max_model_len = max_model_len
+        self.metrics = _Metrics()
+        self.created = int(time.time())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        route = (scope["method"], scope["path"])
+        if route == ("GET", "/health"):
+            await _respond(send, 200, b"", "text/plain")
+        elif route == ("GET", "/v1/models"):
+            await _json(send, 200, {"object": "list", "data": [{
+                "id": self.model_name, "object": "model", "created": self.created,
+                "owned_by": "rolloutd", "root": self.model_name, "parent": None,
+                "max_model_len": self.max_model_len,
+            }]})
+        elif route == ("GET", "/metrics"):
+            await _respond(send, 200, generate_latest(self.metrics.registry), "text/plain; version=0.0.4")
+        elif route == ("POST", "/v1/completions"):
+            await self._completions(receive, send)
+        elif scope["path"] in ("/health", "/v1/models", "/metrics", "/v1/completions"):
+            await _error(send, 405, "method not allowed")
+        else:
+            await _error(send, 404, f"no route {scope['path']}")
+
+    async def _completions(self, receive: Receive, send: Send) -> None:
+        body = b""
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            body += msg.get("body", b"")
+            if len(body) > MAX_BODY:
+                await _error(send, 413, "request body too large")
+                return
+            if not msg.get("more_body"):
+                break
+        try:
+            req = CompletionRequest.model_validate(json.loads(body or b"null"))
+            params = SamplingParams(
+                temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
+                repetition_penalty=req.repetition_penalty, seed=req.seed,
+                stop_token_ids=req.stop_token_ids or [],
+            )
+        except (ValueError, ValidationError) as exc:
+            self.metrics.requests.labels("bad_request").inc()
+            await _error(send, 400, f"bad request: {exc}")
+            return
+        if len(req.prompt) + req.max_tokens > self.max_model_len:
+            self.metrics.requests.labels("bad_request").inc()
+            await _error(send, 400, f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) "
+                                    f"exceeds max_model_len ({self.max_model_len})")
+            return
+        self.metrics.in_flight.inc()
+        completion = None
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+                completion = await self.backend.complete(req.prompt, params, max_tokens=req.max_tokens)
+                nursery.cancel_scope.cancel()
+        except BackendRejected as exc:
+            self.metrics.requests.labels("bad_request").inc()
+            await _error(send, 400, str(exc))
+            return
+        except (BackendUnavailable, LLMError) as exc:
+            self.metrics.requests.labels("error").inc()
+            await _error(send, 503, str(exc))
+            return
+        finally:
+            self.metrics.in_flight.dec()
+        if completion is None:  # the client went away: the request was aborted
+            self.metrics.requests.labels("aborted").inc()
+            return
+        self.metrics.requests.labels(completion.finish_reason).inc()
+        self.metrics.prompt_tokens.inc(len(req.prompt))
+        self.metrics.generation_tokens.inc(len(completion.token_ids))
+        ids = completion.token_ids
+        stop_reason = ids[-1] if completion.finish_reason == "stop" and ids else None
+        await _json(send, 200, {
+            "id": f"cmpl-{trio.current_time():.6f}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [{
+                "index": 0,
+                "text": self.renderer.decode(ids),
+                "token_ids": ids,
+                "prompt_token_ids": req.prompt,
+                "logprobs": {
+                    "tokens": [f"token_id:{i}" for i in ids],
+                    "token_logprobs": completion.logprobs,
+                    "top_logprobs": None,
+                    "text_offset": None,
+                },
+                "finish_reason": completion.finish_reason,
+                "stop_reason": stop_reason,
+            }],
+            "usage": {
+                "prompt_tokens": len(req.prompt),
+                "completion_tokens": len(ids),
+                "total_tokens": len(req.prompt) + len(ids),
+                "prompt_tokens_details": {"cached_tokens": completion.cached_tokens},
+            },
+        })
+
+
+async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
+
+
+async def _respond(send: Send, status: int, body: bytes, ctype: str) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _json(send: Send, status: int, obj: Any) -> None:
+    await _respond(send, status, json.dumps(obj).encode(), "application/json")
+
+
+async def _error(send: Send, status: int, message: str) -> None:
+    kind = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed", 413: "BadRequestError"}
+    await _json(send, status, {"error": {"type": kind.get(status, "ServiceUnavailable"), "message": message, "code": status}})
+
+
+async def build_app(
+    *, backend: str = "transformers", replies: list[str] | None = None, latency_s: float = 0.0,
+    threads: int | None = None,
+) -> ModelServerApp:
+    """Load the tokenizer (and the model, unless ``backend="scripted"``) and build the app."""
+    from daemon.llm.chat import embedded_renderer
+
+    renderer = await trio.to_thread.run_sync(embedded_renderer)
+    served: Backend
+    if backend == "transformers":
+        from daemon.llm.transformers import TransformersBackend
+
+        tb = TransformersBackend(threads=threads)
+        await tb.load()
+        served, name, max_len = tb, "SmolLM2-135M-Instruct", tb.max_model_len
+    elif backend == "scripted":
+        from daemon.llm.scripted import ScriptedBackend
+
+        served = ScriptedBackend(renderer, replies or ["Hello from the scripted test double."], latency_s=latency_s)
+        name, max_len = "scripted-test-double", renderer.context_length
+    else:
+        raise ValueError(f"unknown model-server backend {backend!r} (transformers | scripted)")
+    return ModelServerApp(served, renderer, model_name=name, max_model_len=max_len)
+
+
+async def serve_model_server(
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8100,
+    backend: str = "transformers",
+    replies: list[str] | None = None,
+    latency_s: float = 0.0,
+    threads: int | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until cancelled; ``task_status.started(urls)`` once the model is loaded and the
+    port is bound (``port=0`` picks a free one; the URL tells which)."""
+    app = await build_app(backend=backend, replies=replies, latency_s=latency_s, threads=threads)
+    cfg = Config()
+    cfg.bind = [f"{host}:{port}"]
+    cfg.accesslog = None
+    cfg.errorlog = logging.getLogger("hypercorn.error")
+    cfg.graceful_timeout = 2.0
+    await serve(app, cfg, task_status=task_status)  # type: ignore[arg-type]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``model-server`` subcommand's options (the CLI reuses this)."""
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8100, help="0 picks a free port")
+    parser.add_argument("--backend", choices=["transformers", "scripted"], default="transformers",
+                        help="'scripted' serves the labelled test double, not a model")
+    parser.add_argument("--reply", action="append", dest="replies",
+                        help="scripted replies, per turn (repeatable)")
+    parser.add_argument("--latency-s", type=float, default=0.0, help="scripted latency per request")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: half the cores, 1 to 4)")
+
+
+async def run_from_args(args: argparse.Namespace) -> None:
+    """Serve with ``args`` from :func:`add_arguments`; prints ``READY <url>`` when serving."""
+
+    async def _main(task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+        await serve_model_server(host=args.host, port=args.port, backend=args.backend,
+                                 replies=args.replies, latency_s=args.latency_s,
+                                 threads=args.threads, task_status=task_status)
+
+    async with trio.open_nursery() as nursery:
+        urls = await nursery.start(_main)
+        print(f"READY {urls[0]}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="rolloutd model-server", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    try:
+        trio.run(run_from_args, args)
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""The vLLM client: token ids in over ``POST /v1/completions``, sampled ids and logprobs out.
+
+Also the client for ``rolloutd model-server``, which speaks the same subset. Every request
+sends every sampling field explicitly (so ``--generation-config auto`` cannot change what we
+sample from), ``max_tokens`` explicitly (vLLM's default is 16), ``logprobs: 0`` (the sampled
+token's logprob only), ``return_token_ids`` and ``return_tokens_as_token_ids`` (so ids never
+come from decoded strings), ``skip_special_tokens: false`` and ``stop_token_ids``. The
+response must carry ``choices[0].token_ids`` and ``logprobs.token_logprobs`` of the same
+length; the ``token_id:N`` strings must name the same ids; an echoed ``prompt_token_ids`` must
+equal what we sent. Anything else is :class:`BadResponse`.
+
+Run vLLM with ``--logprobs-mode processed_logprobs`` so the logprobs are those of the
+distribution actually sampled from (after temperature / top-k / top-p).
+
+Cancelling :meth:`VLLMBackend.complete` closes the HTTP connection; vLLM (and model-server)
+abort a request whose client disconnected, so a cancelled rollout frees its slot at once.
+
+Errors: connect/read failures and 5xx are :class:`BackendUnavailable` (the pool retries on
+another backend); 4xx is :class:`BackendRejected` (e.g. the prompt exceeds the context).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from daemon.llm.base import (
+    BackendRejected,
+    BackendUnavailable,
+    BadResponse,
+    Completion,
+    SamplingParams,
+)
+
+FINISH_REASONS = {"stop", "length", "abort"}
+
+
+def build_request(
+    model: str, prompt_ids: Sequence[int], params: SamplingParams, *, max_tokens: int
+) -> dict[str, Any]:
+    """The JSON body of one ``/v1/completions`` request (DESIGN section 7)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": [int(i) for i in prompt_ids],
+        "max_tokens": int(max_tokens),
+        "n": 1,
+        "stream": False,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k,
+        "min_p": params.min_p,
+        "repetition_penalty": params.repetition_penalty,
+        "stop_token_ids": list(params.stop_token_ids),
+        "logprobs": 0,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        "skip_special_tokens": False,
+        "include_stop_str_in_output": True,
+    }
+    if params.seed is not None:
+        body["seed"] = params.seed
+    return body
+
+
+def parse_response(data: Any, *, prompt_ids: Sequence[int] | None = None, backend: str = "") -> Completion:
+    """Read one ``/v1/completions`` answer; raise :class:`BadResponse` if it can't be trusted."""
+    try:
+        choice = data["choices"][0]
+    except (KeyError, IndexError, TypeError):
+        raise BadResponse(f"{backend}: response has no choices[0]") from None
+    ids = choice.get("token_ids")
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        raise BadResponse(f"{backend}: choices[0].token_ids is missing (needs vLLM >= 0.10.2 and return_token_ids)")
+    lp = choice.get("logprobs") or {}
+    logprobs = lp.get("token_logprobs")
+    if not isinstance(logprobs, list):
+        raise BadResponse(f"{backend}: choices[0].logprobs.token_logprobs is missing")
+    if len(logprobs) != len(ids):
+        raise BadResponse(f"{backend}: {len(ids)} token ids but {len(logprobs)} logprobs")
+    if any(not isinstance(x, int | float) or math.isnan(x) for x in logprobs):
+        raise BadResponse(f"{backend}: a sampled-token logprob is null or NaN")
+    tokens = lp.get("tokens")
+    if isinstance(tokens, list) and tokens and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+        named = [int(t.removeprefix("token_id:")) for t in tokens]
+        if named != ids:
+            raise BadResponse(f"{backend}: logprobs.tokens name other ids than token_ids")
+    echoed = choice.get("prompt_token_ids")
+    if prompt_ids is not None and isinstance(echoed, list) and echoed != list(prompt_ids):
+        raise BadResponse(f"{backend}: the server's prompt_token_ids differ from the prompt sent")
+    finish = choice.get("finish_reason")
+    if finish not in FINISH_REASONS:
+        raise BadResponse(f"{backend}: unexpected finish_reason {finish!r}")
+    usage = data.get("usage") or {}
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    extra: dict[str, object] = {}
+    if choice.get("stop_reason") is not None:
+        extra["stop_reason"] = choice["stop_reason"]
+    return Completion(
+        token_ids=ids,
+        logprobs=[float(x) for x in logprobs],
+        finish_reason=finish,
+        backend=backend,
+        cached_tokens=cached if isinstance(cached, int) else None,
+        extra=extra,
+    )
+
+
+class VLLMBackend:
+    """A vLLM (or ``rolloutd model-server``) endpoint at ``url``.
+
+    ``model`` is discovered from ``GET /v1/models`` when not given. ``transport`` is for tests
+    (``httpx.MockTransport`` replaying recorded responses).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        model: str | None = None,
+        *,
+        kind: str = "vllm",
+        name: str | None = None,
+        connect_timeout_s: float = 5.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.model = model
+        self.kind = kind
+        self.name = name or f"{kind}:{self.url}"
+        self.max_model_len: int | None = None
+        timeout = httpx.Timeout(connect=connect_timeout_s, read=None, write=30.0, pool=None)
+        self._client = httpx.AsyncClient(
+            base_url=self.url, timeout=timeout, transport=transport,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
+
+    async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            resp = await self._client.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise BackendUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+        if resp.status_code >= 500:
+            raise BackendUnavailable(f"{self.name}: HTTP {resp.status_code}: {resp.text[:300]}")
+        if resp.status_code >= 400:
+            raise BackendRejected(f"{self.name}: HTTP {resp.status_code}: {resp.text[:300]}")
+        return resp
+
+    async def discover(self) -> str:
+        """Read the served model name (and ``max_model_len``) from ``GET /v1/models``."""
+        resp = await self._request("GET", "/v1/models")
+        try:
+            entry = resp.json()["data"][0]
+            model = str(entry["id"])
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise BadResponse(f"{self.name}: /v1/models lists no model") from None
+        if isinstance(entry.get("max_model_len"), int):
+            self.max_model_len = entry["max_model_len"]
+        self.model = model
+        return model
+
+    async def complete(
+        self, prompt_ids: Sequence[int], params: SamplingParams, *, max_tokens: int
+    ) -> Completion:
+        model = self.model or await self.discover()
+        body = build_request(model, prompt_ids, params, max_tokens=max_tokens)
+        resp = await self._request("POST", "/v1/completions", json=body)
+        try:
+            data = resp.json()
+        except ValueError:
+            raise BadResponse(f"{self.name}: response is not JSON") from None
+        return parse_response(data, prompt_ids=prompt_ids, backend=self.name)
+
+    async def health(self) -> bool:
+        try:
+            resp = await self._client.get("/health")
+        except httpx.TransportError:
+            return False
+        return resp.status_code == 200
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

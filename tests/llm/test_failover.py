@@ -1,0 +1,117 @@
+"""Failover with real model-server processes (serving the scripted TEST DOUBLE for speed):
+one is killed mid-rollout; the supervisor restarts a dead ``--spawn-vllm`` style child."""
+
+import os
+import signal
+import socket
+import sys
+
+import trio
+
+from daemon.agent import AgentLimits, run_agent
+from daemon.llm.base import SamplingParams
+from daemon.llm.pool import BackendPool
+from daemon.llm.spawn import ServerSpec, supervise_server, vllm_serve_argv
+from daemon.llm.vllm import VLLMBackend
+from daemon.tasks.base import Prompt
+from daemon.trajectory import Trajectory
+
+from .conftest import open_model_server
+from .test_agent import FakeToolbox, call
+
+REPLIES = [call("bash", cmd=f"step {i}") for i in range(3)] + ["done: 42"]
+
+
+async def test_rollout_survives_its_backend_being_killed(renderer):
+    args = ["--backend", "scripted", "--latency-s", "0.5"] + [a for r in REPLIES for a in ("--reply", r)]
+    async with open_model_server(*args) as s0, open_model_server(*args) as s1:
+        servers = {"ms0": s0, "ms1": s1}
+        pool = BackendPool(health_interval_s=0.5)
+        for bid, s in servers.items():
+            pool.add(VLLMBackend(s.url, kind="model-server"), backend_id=bid)
+        tr = Trajectory(id="r")
+        killed = []
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.run)
+
+            async def killer():
+                # wait until turn 2 is in flight on the rollout's backend, then SIGKILL it
+                while True:
+                    home = pool._sticky.get("r")
+                    if home and len(tr.turns) == 1 and any(d["id"] == home and d["in_flight"] for d in pool.describe()):
+                        servers[home].kill()
+                        killed.append(home)
+                        return
+                    await trio.sleep(0.02)
+
+            nursery.start_soon(killer)
+            answer = await run_agent(trajectory=tr, prompt=Prompt(messages=[{"role": "user", "content": "go"}]),
+                                     pool=pool, renderer=renderer, toolbox=FakeToolbox(), params=SamplingParams(),
+                                     limits=AgentLimits(), sticky_key="r", group_key=None)
+            nursery.cancel_scope.cancel()
+        home = killed[0]
+        other = "ms1" if home == "ms0" else "ms0"
+        assert answer == "done: 42" and tr.finish_reason == "stop" and len(tr.turns) == 4
+        assert [t.backend for t in tr.turns] == [home, other, other, other]
+        assert tr.turns[1].retries == 1 and tr.turns[1].backend_switches == [other]
+        assert all(t.retries == 0 for t in tr.turns[2:])
+        # the script continued where it was: the failed turn was re-sampled, not skipped
+        assert [tc.arguments["cmd"] for t in tr.turns[:3] for tc in t.tool_calls] == ["step 0", "step 1", "step 2"]
+        assert len(tr.token_ids) == len(tr.loss_mask) == len(tr.logprobs)
+        d = {x["id"]: x for x in pool.describe()}
+        assert not d[home]["healthy"] and d[home]["failures"] == 1
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_supervisor_restarts_a_dead_server():
+    port = _free_port()
+    spec = ServerSpec(
+        backend_id="spawned-0", port=port, kind="model-server", restart_backoff_s=0.1, startup_timeout_s=60,
+        argv=[sys.executable, "-m", "daemon.llm.model_server", "--backend", "scripted", "--port", "{port}"],
+    )
+    pool = BackendPool(health_interval_s=0.5)
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(supervise_server, spec, pool)
+        assert url == f"http://127.0.0.1:{port}"
+        c = await pool.complete([1, 2], SamplingParams(), max_tokens=4, sticky_key="a")
+        assert c.extra["backend_id"] == "spawned-0"
+        pid = _listener_pid(port)
+        os.kill(pid, signal.SIGKILL)
+        with trio.fail_after(60):
+            while pool.describe()[0]["healthy"]:
+                await trio.sleep(0.05)
+            while not pool.describe()[0]["healthy"]:
+                await trio.sleep(0.1)
+        assert _listener_pid(port) != pid
+        c = await pool.complete([1, 2], SamplingParams(), max_tokens=4, sticky_key="a")
+        assert c.finish_reason in ("stop", "length")
+        nursery.cancel_scope.cancel()
+    await pool.aclose()
+
+
+def _listener_pid(port):
+    """The pid of the process whose command line names the port (our child)."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read().split(b"\0")
+            except OSError:
+                continue
+            if b"daemon.llm.model_server" in cmd and str(port).encode() in cmd:
+                return int(entry)
+    raise AssertionError("no server process")
+
+
+def test_vllm_serve_argv_has_the_rl_flags():
+    argv = vllm_serve_argv("Qwen/Qwen2.5-0.5B-Instruct", served_name="policy")
+    assert argv[:3] == ["vllm", "serve", "Qwen/Qwen2.5-0.5B-Instruct"]
+    s = " ".join(argv)
+    for flag in ("--logprobs-mode processed_logprobs", "--generation-config vllm", "--enable-prefix-caching",
+                 "--port {port}", "--served-model-name policy"):
+        assert flag in s
