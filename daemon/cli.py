@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="serve the embedded SmolLM2-135M on CPU as an LLM backend")
     serve.add_argument("--backend", action="append", default=None, metavar="URL",
                        help="a vLLM-compatible server URL (repeatable)")
+    serve.add_argument("--spawn-vllm", default=None, metavar="MODEL",
+                       help="supervise one `vllm serve MODEL` per GPU (needs the gpu extra)")
+    serve.add_argument("--spawn-vllm-gpus", type=int, default=None, metavar="N")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
 
     status = sub.add_parser("status", help="show the daemon's stages, backends and sandboxes")
@@ -70,11 +74,10 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", type=Path, default=Path("trajectories.jsonl"))
     demo.add_argument("--state-dir", type=Path, default=None)
 
+    from daemon.llm.model_server import add_arguments
+
     ms = sub.add_parser("model-server", help="serve the embedded model with vLLM's completions API")
-    ms.add_argument("--host", default="127.0.0.1")
-    ms.add_argument("--port", type=int, default=8400)
-    ms.add_argument("--backend", default="transformers", choices=["transformers", "scripted"],
-                    help="scripted is a test double for tests and benchmarks")
+    add_arguments(ms)
     return parser
 
 
@@ -103,6 +106,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "sandbox_backend": args.sandbox_backend,
         "embedded_model": args.embedded_model,
         "log_level": args.log_level,
+        "spawn_vllm": args.spawn_vllm,
+        "spawn_vllm_gpus": args.spawn_vllm_gpus,
     }
     if args.backend:
         overrides["backends"] = [{"kind": "vllm", "url": u} for u in args.backend]
@@ -111,6 +116,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise CliError(str(exc)) from None
     setup_logging(settings.log_level)
+    # The embedded model's converted weights and tokenizer are cached here.
+    os.environ.setdefault("ROLLOUTD_CACHE_DIR", str(settings.cache_dir))
     trio.run(run, settings)
     return 0
 
@@ -166,11 +173,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_model_server(args: argparse.Namespace) -> int:
     import trio
 
-    from daemon.llm.model_server import serve_model_server
+    from daemon.llm.model_server import run_from_args
     from daemon.logs import setup_logging
 
     setup_logging("info")
-    trio.run(lambda: serve_model_server(host=args.host, port=args.port, backend=args.backend))
+    trio.run(run_from_args, args)
     return 0
 
 

@@ -80,6 +80,13 @@ class Settings(BaseModel):
     # --- LLM ---
     embedded_model: bool = False
     backends: list[dict[str, Any]] = Field(default_factory=list)
+    tokenizer: str | None = None
+    chat_family: Literal["chatml", "qwen"] = "chatml"
+    reasoning: Literal["keep", "drop"] | None = None
+    context_length: int | None = Field(None, ge=16)
+    spawn_vllm: str | None = None
+    spawn_vllm_gpus: int = Field(1, ge=1, le=64)
+    spawn_vllm_port: int = Field(8000, ge=1, le=65535)
     health_interval_s: float = Field(5.0, gt=0)
     llm_request_timeout_s: float = Field(600.0, gt=0)
 

@@ -8,10 +8,27 @@ import sys
 import time
 
 _RESERVED = set(vars(logging.makeLogRecord({})))
+_SECRETS: set[str] = set()
+
+
+def redact(secret: str | None) -> None:
+    """Never print ``secret`` (the bearer token): every formatted line is scrubbed of it."""
+    if secret and len(secret) >= 4:
+        _SECRETS.add(secret)
+
+
+def _scrub(line: str) -> str:
+    for secret in _SECRETS:
+        if secret in line:
+            line = line.replace(secret, "[redacted]")
+    return line
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
+        return _scrub(self._format(record))
+
+    def _format(self, record: logging.LogRecord) -> str:
         out = {
             "ts": round(time.time(), 3),
             "level": record.levelname.lower(),
@@ -24,9 +41,14 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+class _PlainFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return _scrub(super().format(record))
+
+
 def setup_logging(level: str = "info", *, json_lines: bool = True) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if json_lines else logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonFormatter() if json_lines else _PlainFormatter("%(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

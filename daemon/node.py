@@ -29,6 +29,7 @@ from hypercorn.trio import serve
 from daemon.config import Settings
 from daemon.jobs import Job, new_id
 from daemon.journal import Journal
+from daemon.logs import redact
 from daemon.metrics import Metrics
 from daemon.pipeline import Pipeline, Services
 from daemon.sampling import Sampler
@@ -54,6 +55,11 @@ log = logging.getLogger(__name__)
 
 #: After the drain deadline, how long cancelled jobs get to unwind before we stop waiting.
 CANCEL_GRACE_S = 10.0
+#: hypercorn closes a connection that stays idle this long, and its idle timer runs from
+#: accept until a request's headers are complete: so it also bounds a slowloris client that
+#: trickles its headers (tests/hostile/test_api_abuse.py). No read timeout: a ``wait=true``
+#: request or a stream legitimately sends nothing for as long as its rollouts take.
+KEEP_ALIVE_TIMEOUT_S = 75.0
 
 
 class Node:
@@ -68,6 +74,7 @@ class Node:
     ) -> None:
         self.settings = settings
         self.token = settings.read_token()
+        redact(self.token)
         self.boot_id = new_id("boot")
         self.started_at = time.time()
         self.node_id = settings.node_id or f"{socket.gethostname()}:{settings.port}"
@@ -224,8 +231,9 @@ class Node:
         if self.pool is None:
             raise ServiceUnavailable("this daemon has no LLM backend pool")
         backend_id = spec.pop("id", None)
+        renderer = await self.renderer()
         try:
-            backend = await trio.to_thread.run_sync(make_backend, spec)
+            backend = make_backend(spec, renderer=renderer)
         except (ValueError, KeyError, TypeError) as exc:
             raise InvalidBackend(f"bad backend spec: {exc}") from None
         return self.pool.add(backend, backend_id=backend_id)
@@ -272,14 +280,26 @@ class Node:
         self._stop.set()
 
     async def renderer(self) -> ChatRenderer:
-        """The chat renderer for the served model, loaded once (off the event loop)."""
+        """The chat renderer for the served model, loaded once (off the event loop): the
+        ``tokenizer`` setting's directory, or the embedded SmolLM2 tokenizer."""
         async with self._renderer_lock:
             if self._renderer is None:
-                from daemon.llm.chat import ChatRenderer, load_embedded_tokenizer
-
-                tok = await trio.to_thread.run_sync(load_embedded_tokenizer)
-                self._renderer = ChatRenderer.for_tokenizer(tok)
+                self._renderer = await trio.to_thread.run_sync(self._load_renderer)
             return self._renderer
+
+    def _load_renderer(self) -> ChatRenderer:
+        from daemon.llm.chat import ChatRenderer, load_embedded_tokenizer
+
+        s = self.settings
+        if s.tokenizer:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(s.tokenizer, local_files_only=True)
+        else:
+            tok = load_embedded_tokenizer()
+        return ChatRenderer.for_tokenizer(
+            tok, s.chat_family, reasoning=s.reasoning, context_length=s.context_length
+        )
 
     # ---- lifetime --------------------------------------------------------------------
 
@@ -353,7 +373,7 @@ class Node:
         config.accesslog = None
         config.errorlog = logging.getLogger("hypercorn.error")
         config.graceful_timeout = 2.0
-        config.keep_alive_timeout = 75.0
+        config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_S
         app = create_app(self)
         try:
             await serve(app, config, shutdown_trigger=shutdown, task_status=task_status)  # type: ignore[arg-type]
@@ -377,12 +397,33 @@ class Node:
         self.services.supervisor = supervisor
         pool = BackendPool(health_interval_s=s.health_interval_s, request_timeout_s=s.llm_request_timeout_s)
         await nursery.start(pool.run)
-        if s.embedded_model:
-            pool.add(make_backend({"kind": "transformers"}), backend_id="embedded")
-        for spec in s.backends:
-            spec = dict(spec)
-            pool.add(make_backend(spec), backend_id=spec.pop("id", None))
         self.services.pool = pool
+        if s.embedded_model or s.backends:
+            renderer = await self.renderer()
+            if s.embedded_model:
+                pool.add(make_backend({"kind": "transformers"}, renderer=renderer), backend_id="embedded")
+            for spec in s.backends:
+                spec = dict(spec)
+                backend_id = spec.pop("id", None)  # before make_backend: specs forbid unknown keys
+                pool.add(make_backend(spec, renderer=renderer), backend_id=backend_id)
+        if s.spawn_vllm:
+            await self._spawn_vllm(nursery, pool)
+
+    async def _spawn_vllm(self, nursery: trio.Nursery, pool: BackendPool) -> None:
+        """One supervised ``vllm serve`` child per GPU, each registered as a backend."""
+        from daemon.llm.spawn import ServerSpec, supervise_server, vllm_serve_argv
+
+        s = self.settings
+        assert s.spawn_vllm is not None
+        for gpu in range(s.spawn_vllm_gpus):
+            spec = ServerSpec(
+                backend_id=f"vllm-gpu{gpu}",
+                argv=vllm_serve_argv(s.spawn_vllm),
+                port=s.spawn_vllm_port + gpu,
+                env={"CUDA_VISIBLE_DEVICES": str(gpu)},
+            )
+            # start_soon: loading a model takes minutes; each registers itself when healthy.
+            nursery.start_soon(supervise_server, spec, pool, name=spec.backend_id)
 
     def _sandbox_options(self) -> dict[str, Any]:
         s = self.settings

@@ -195,8 +195,10 @@ class Pipeline:
                                      message="the daemon stopped")
             raise
         except Exception as exc:
+            exc = _leaf(exc)  # NoBackend raised inside the toolbox's nursery, not "ExceptionGroup"
             log.warning("job %s failed in %s: %r", job.id, stage.value, exc,
-                        exc_info=log.isEnabledFor(logging.DEBUG))
+                        exc_info=log.isEnabledFor(logging.DEBUG),
+                        extra=_ids(job, stage=stage.value, error_type=type(exc).__name__))
             outcome = (Status.failed, type(exc).__name__, str(exc) or repr(exc))
         finally:
             job.budget.pause()
@@ -208,6 +210,8 @@ class Pipeline:
         if outcome is None:
             return True
         status, etype, message = outcome
+        if stage is Stage.run and job.trajectory.finish_reason is None:
+            job.trajectory.finish_reason = status.value
         usable = False
         if status is Status.timed_out and stage is Stage.run:
             # A trajectory cut by its deadline is consistent up to its last turn: a trainer
@@ -279,7 +283,9 @@ class Pipeline:
         }
         if spec.lifetime_s is None:
             update["lifetime_s"] = job.budget.remaining() + self.settings.sandbox_lifetime_buffer_s
-        return await supervisor.open(spec.model_copy(update=update))
+        sb = await supervisor.open(spec.model_copy(update=update))
+        log.debug("job %s opened sandbox %s", job.id, sb.id, extra=_ids(job, sandbox_id=sb.id))
+        return sb
 
     def sandbox_defaults(self) -> dict[str, Any]:
         """Limits a sandbox gets when its task names none (from the settings)."""
@@ -305,7 +311,8 @@ class Pipeline:
             try:
                 await self.services.supervisor.release(sb)
             except Exception:
-                log.exception("job %s: releasing sandbox %s failed", job.id, sb.id)
+                log.exception("job %s: releasing sandbox %s failed", job.id, sb.id,
+                              extra=_ids(job, sandbox_id=sb.id))
 
     # ---- bookkeeping ----------------------------------------------------------------
 
@@ -322,8 +329,9 @@ class Pipeline:
     async def _conclude(self, job: Job, status: Status, **details: Any) -> None:
         """Release what the job holds (bounded), then publish its terminal status: a trainer
         that sees a result can count on its sandbox being gone."""
+        sandbox_id = job.sandbox.id if job.sandbox is not None else None
         await self._release(job)
-        self._finish(job, status, **details)
+        self._finish(job, status, sandbox_id=sandbox_id, **details)
 
     def _finish(
         self,
@@ -334,6 +342,7 @@ class Pipeline:
         etype: str = "",
         message: str = "",
         usable: bool | None = None,
+        sandbox_id: str | None = None,
     ) -> None:
         error = None
         if status is not Status.completed:
@@ -342,6 +351,27 @@ class Pipeline:
         if job.finish(status, error=error, usable=usable):
             worked = timing.init_s + timing.run_s + timing.eval_s
             timing.queue_s = max(0.0, timing.total_s - worked)
+            # One line per finished rollout, with the ids an operator greps for.
+            log.info("rollout %s %s", job.id, status.value, extra=_ids(
+                job, sandbox_id=sandbox_id, status=status.value, reward=job.trajectory.reward,
+                error_type=error.type if error else None, stage=error.stage if error else None,
+                total_s=round(timing.total_s, 3)))
+
+
+def _leaf(exc: Exception) -> Exception:
+    """The one exception inside (nested) single-member exception groups, else ``exc``."""
+    while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _ids(job: Job, **fields: Any) -> dict[str, Any]:
+    """Structured fields of a log record about ``job`` (daemon/logs.py prints them)."""
+    sb = job.sandbox
+    out: dict[str, Any] = {"job_id": job.id, "group_id": job.group_id,
+                           "sandbox_id": sb.id if sb is not None else None}
+    out.update((k, v) for k, v in fields.items() if v is not None)
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def _stage_of(job: Job) -> Stage:
