@@ -299,3 +299,13 @@ def test_spec_validation():
         SandboxSpec(memory_mb=0)
     with pytest.raises(ValidationError):
         SandboxSpec(unknown=1)
+
+
+async def test_write_file_replaces_longer_content(backend, base_spec):
+    """Files are rewritten in place (no O_TRUNC): a shorter write must not keep old bytes."""
+    async with backend.open(base_spec) as sb:
+        await sb.write_file("f.txt", b"a much longer first version\n")
+        await sb.write_file("f.txt", b"short\n")
+        assert await sb.read_file("f.txt") == b"short\n"
+        await sb.write_file("f.txt", b"")
+        assert await sb.read_file("f.txt") == b""
