@@ -78,6 +78,20 @@ class PolicyVersion(BaseModel):
     version: int = Field(ge=0)
 
 
+class ReloadRequest(BaseModel):
+    """Weight sync from a directory of safetensors (see docs/training.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(min_length=1, description="A directory of *.safetensors (or one file), readable by the backend.")
+    version: int | None = Field(None, ge=0, description="The new policy version (default: current + 1).")
+    partial: bool = Field(False, description="The files hold only some parameters; the others are kept.")
+
+
+class _ReloadFailed(ServiceError):
+    status, type = 422, "reload_failed"
+
+
 def error(status: int, etype: str, message: str, *, retry_after_s: float | None = None) -> Response:
     body = json.dumps({"error": {"type": etype, "message": message}})
     resp = Response(body, status=status, mimetype="application/json")
@@ -94,7 +108,7 @@ async def _discard_body() -> None:
     """
     try:
         await request.get_data(cache=False)
-    except Exception:  # noqa: BLE001 - too large or broken: the connection is closed anyway
+    except Exception:  # too large or broken: the connection is closed anyway
         pass
 
 
@@ -299,6 +313,26 @@ def create_app(node: Node) -> QuartTrio:
     async def resume_backends() -> Any:
         _pool().resume()
         return {"paused": False}
+
+    @app.post("/v1/backends/<backend_id>/reload")
+    @document_request(ReloadRequest)
+    @document_response(ErrorResponse, 422)
+    async def reload_backend(backend_id: str) -> Any:
+        """Weight sync: pause, load the weights into this backend, drop its cache, set the
+        policy version, resume."""
+        from daemon.llm.base import BackendUnavailable, LLMError
+        from daemon.llm.reload import reload_in_pool
+
+        body = parse(ReloadRequest, await json_body())
+        pool = _pool()
+        if not any(b["id"] == backend_id for b in pool.describe()):
+            raise NotFound(f"no backend with id {backend_id!r}")
+        try:
+            return await reload_in_pool(pool, backend_id, body.path, version=body.version, partial=body.partial)
+        except BackendUnavailable as exc:
+            raise ServiceUnavailable(f"reload failed: {exc}") from None
+        except LLMError as exc:
+            raise _ReloadFailed(str(exc)) from None
 
     @app.put("/v1/policy_version")
     @document_request(PolicyVersion)
