@@ -1,12 +1,31 @@
-"""Prometheus metrics of one daemon (its own registry, so several daemons can share a process)."""
+"""Prometheus metrics of one daemon (its own registry, so several daemons can share a process).
+
+Two sources:
+
+- **At scrape time**, a collector reads ``node.status()``: stage queue depths, in-flight and
+  worker counts, live jobs, sandboxes (live, idle in the warm pool, opened, closed, start
+  failures, swept orphans), each LLM backend's health, in-flight requests, served requests
+  and failures, whether the daemon drains. Plus the process's RSS, fds and CPU.
+- **Per finished rollout**, :meth:`Metrics.observe_job` reads its trajectory: rollouts by
+  status (and usable), time per stage, LLM request latency, sampled tokens and retries by
+  backend, tool latency and failed tool calls by tool.
+
+Every family is prefixed ``rolloutd_``; docs in README "Operating rolloutd".
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -14,6 +33,7 @@ from daemon.jobs import Job
 
 _STAGE_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 _FAST_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+STAGES = ("queue", "init", "run", "eval")
 
 
 class _StatusCollector(Collector):
@@ -24,53 +44,96 @@ class _StatusCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         st = self._status()
-        stages = st["pipeline"]["stages"]
+        pipeline = st["pipeline"]
         queued = GaugeMetricFamily("rolloutd_stage_queued", "Jobs waiting for a stage", labels=["stage"])
         busy = GaugeMetricFamily("rolloutd_stage_in_flight", "Jobs being worked on", labels=["stage"])
-        for name, s in stages.items():
+        workers = GaugeMetricFamily("rolloutd_stage_workers", "Workers of a stage", labels=["stage"])
+        for name, s in pipeline["stages"].items():
             queued.add_metric([name], s["queued"])
             busy.add_metric([name], s["in_flight"])
+            workers.add_metric([name], s["workers"])
         yield queued
         yield busy
-        yield GaugeMetricFamily("rolloutd_live_jobs", "Jobs not yet terminal", value=st["pipeline"]["live_jobs"])
-        sandboxes = st.get("sandboxes") or {}
-        yield GaugeMetricFamily("rolloutd_sandboxes_live", "Live sandboxes", value=sandboxes.get("live", 0))
-        health = GaugeMetricFamily("rolloutd_backend_healthy", "1 if the backend is healthy", labels=["backend"])
-        inflight = GaugeMetricFamily("rolloutd_backend_in_flight", "LLM requests in flight", labels=["backend"])
-        for b in (st.get("backends") or {}).get("backends", []):
-            health.add_metric([b["id"]], 1.0 if b.get("healthy") else 0.0)
-            inflight.add_metric([b["id"]], b.get("in_flight", 0))
-        yield health
-        yield inflight
+        yield workers
+        yield GaugeMetricFamily("rolloutd_queue_capacity", "Size of the intake queue (429 when full)",
+                                value=pipeline["queue_capacity"])
+        yield GaugeMetricFamily("rolloutd_live_jobs", "Jobs not yet terminal", value=pipeline["live_jobs"])
+        yield from _sandbox_metrics(st.get("sandboxes") or {})
+        yield from _backend_metrics((st.get("backends") or {}).get("backends", []))
         yield GaugeMetricFamily("rolloutd_draining", "1 while draining", value=1.0 if st["draining"] else 0.0)
+        yield GaugeMetricFamily("rolloutd_ready", "1 while accepting rollouts", value=1.0 if st["ready"] else 0.0)
+
+
+def _sandbox_metrics(sb: dict[str, Any]) -> Iterator[Metric]:
+    yield GaugeMetricFamily("rolloutd_sandboxes_live", "Live sandboxes held by rollouts",
+                            value=sb.get("live", 0))
+    yield GaugeMetricFamily("rolloutd_sandboxes_pool_idle", "Warm sandboxes waiting in the pool",
+                            value=sb.get("pool_idle", 0))
+    for key, help_text in (("opened", "Sandboxes opened"), ("closed", "Sandboxes torn down"),
+                           ("start_failures", "Sandboxes that failed to start"),
+                           ("swept", "Orphan sandboxes of earlier daemon processes removed at start")):
+        yield CounterMetricFamily(f"rolloutd_sandboxes_{key}", help_text, value=sb.get(key, 0))
+
+
+def _backend_metrics(backends: list[dict[str, Any]]) -> Iterator[Metric]:
+    health = GaugeMetricFamily("rolloutd_backend_healthy", "1 if the backend is healthy", labels=["backend"])
+    inflight = GaugeMetricFamily("rolloutd_backend_in_flight", "LLM requests in flight", labels=["backend"])
+    served = CounterMetricFamily("rolloutd_backend_served", "LLM requests served", labels=["backend"])
+    failures = CounterMetricFamily("rolloutd_backend_failures", "LLM requests that failed (then retried elsewhere)",
+                                   labels=["backend"])
+    for b in backends:
+        health.add_metric([b["id"]], 1.0 if b.get("healthy") else 0.0)
+        inflight.add_metric([b["id"]], b.get("in_flight", 0))
+        served.add_metric([b["id"]], b.get("served", 0))
+        failures.add_metric([b["id"]], b.get("failures", 0))
+    yield health
+    yield inflight
+    yield served
+    yield failures
 
 
 class Metrics:
     def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_StatusCollector(status))
-        self.rollouts = Counter("rolloutd_rollouts", "Finished rollouts by status", ["status"],
-                                registry=self.registry)
-        self.stage_seconds = Histogram("rolloutd_stage_seconds", "Time a job spent in a stage",
-                                       ["stage"], buckets=_STAGE_BUCKETS, registry=self.registry)
+        ProcessCollector(namespace="rolloutd", registry=self.registry)
+        r = self.registry
+        self.rollouts = Counter("rolloutd_rollouts", "Finished rollouts by status", ["status"], registry=r)
+        self.unusable = Counter("rolloutd_rollouts_unusable", "Finished rollouts a trainer should not train on",
+                                ["status"], registry=r)
+        self.stage_seconds = Histogram("rolloutd_stage_seconds", "Time a job spent in a stage (queue: waiting)",
+                                       ["stage"], buckets=_STAGE_BUCKETS, registry=r)
         self.tool_seconds = Histogram("rolloutd_tool_seconds", "Tool call latency", ["tool"],
-                                      buckets=_FAST_BUCKETS, registry=self.registry)
-        self.llm_seconds = Histogram("rolloutd_llm_request_seconds", "LLM request latency",
-                                     ["backend"], buckets=_STAGE_BUCKETS, registry=self.registry)
-        self.llm_tokens = Counter("rolloutd_llm_tokens", "Sampled tokens by backend", ["backend"],
-                                  registry=self.registry)
+                                      buckets=_FAST_BUCKETS, registry=r)
+        self.tool_errors = Counter("rolloutd_tool_errors", "Tool calls that failed or timed out", ["tool"],
+                                   registry=r)
+        self.llm_seconds = Histogram("rolloutd_llm_request_seconds", "LLM request latency (one turn)",
+                                     ["backend"], buckets=_STAGE_BUCKETS, registry=r)
+        self.llm_tokens = Counter("rolloutd_llm_tokens", "Sampled tokens by backend", ["backend"], registry=r)
+        self.llm_retries = Counter("rolloutd_llm_retries", "LLM requests retried on another backend",
+                                   ["backend"], registry=r)
+        for stage in STAGES:  # every stage shows up from the first scrape
+            self.stage_seconds.labels(stage)
 
     def observe_job(self, job: Job) -> None:
         t = job.trajectory
         self.rollouts.labels(t.status.value).inc()
-        for stage in ("queue", "init", "run", "eval"):
-            self.stage_seconds.labels(stage).observe(getattr(t.timing, f"{stage}_s"))
+        if not t.usable:
+            self.unusable.labels(t.status.value).inc()
+        for stage in STAGES:
+            seconds = getattr(t.timing, f"{stage}_s")
+            if stage == "queue" or seconds > 0:
+                self.stage_seconds.labels(stage).observe(seconds)
         for turn in t.turns:
             backend = turn.backend or "unknown"
             self.llm_seconds.labels(backend).observe(turn.llm_s)
             self.llm_tokens.labels(backend).inc(turn.end - turn.start)
+            if turn.retries:
+                self.llm_retries.labels(backend).inc(turn.retries)
             for call in turn.tool_calls:
                 self.tool_seconds.labels(call.name).observe(call.latency_s)
+                if not call.ok:
+                    self.tool_errors.labels(call.name).inc()
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -336,8 +336,10 @@ def _c() -> ctypes.CDLL:
 
 
 def _mount_tmpfs(path: Path, size_mb: int) -> bool:
-    """Mount a size-capped tmpfs on ``path`` (root only)."""
-    opts = f"size={size_mb}m,mode=0755,uid={os.getuid()},gid={os.getgid()}".encode()
+    """Mount a size-capped tmpfs on ``path`` (root only); inodes are capped too (one per
+    16 KiB, as ext4 does), or an empty-file flood would only stop at the memory limit."""
+    inodes = max(4096, size_mb * 64)
+    opts = f"size={size_mb}m,nr_inodes={inodes},mode=0755,uid={os.getuid()},gid={os.getgid()}".encode()
     if _c().mount(b"tmpfs", str(path).encode(), b"tmpfs", 0, opts) != 0:
         log.warning("cannot mount tmpfs on %s: %s", path, os.strerror(ctypes.get_errno()))
         return False

@@ -26,6 +26,9 @@ from ._models import SandboxSpec
 
 # Top-level host entries not shown as they are: fresh mounts replace them.
 NOT_BOUND = frozenset({"proc", "dev", "tmp", "run", "lost+found"})
+#: Host-wide writable knobs in a fresh /proc, bound read-only when the daemon runs as root.
+PROC_READONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs",
+                 "/proc/acpi", "/proc/kcore", "/proc/timer_list", "/proc/sched_debug")
 # Host files never shown inside (masked with /dev/null when they exist).
 HIDDEN_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-")
 
@@ -66,6 +69,13 @@ def bwrap_argv(bwrap: str, spec: SandboxSpec, handle: Handle, *, state_dir: str,
     """The bwrap command line up to (and including) ``--``; the helper argv follows."""
     dirs = handle.dirs
     argv = [bwrap, *host_root_args(), "--dev", "/dev", "--proc", "/proc"]
+    if os.geteuid() == 0:
+        # As root the sandbox's uid 0 *is* host root, and procfs checks sysctl writes by
+        # uid, not by capability: without this, `echo x > /proc/sys/kernel/core_pattern`
+        # inside changed the host (bwrap 0.8 covers /proc/irq and /proc/bus only).
+        for path in PROC_READONLY:
+            if os.path.exists(path):
+                argv += ["--ro-bind", path, path]
     if tmp_size_mb:
         argv += ["--size", str(tmp_size_mb << 20)]
     argv += ["--tmpfs", "/tmp", "--tmpfs", "/dev/shm", "--tmpfs", "/run", "--tmpfs", state_dir]

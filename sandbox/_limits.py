@@ -32,6 +32,9 @@ V1_CONTROLLERS = {"memory": "memory.limit_in_bytes", "pids": "pids.max",
                   "cpu": "cpu.cfs_quota_us"}
 GROUP_NAME = "rolloutd"
 _CPU_PERIOD_US = 100_000
+#: Open files per sandbox process (RLIMIT_NOFILE): bounds the kernel memory an fd flood can
+#: pin, which no memory cgroup v1 counts (tests/hostile/test_containment.py).
+NOFILE_MAX = 4096
 
 
 def _write(path: Path, value: str) -> None:
@@ -216,7 +219,7 @@ class Limits:
         mech = {"memory": "off", "pids": "off", "cpu": "off"}
         cgroup = self.cgroup_for(boot_tag, sandbox_id)
         if cgroup is None:
-            rlimits = {"RLIMIT_CORE": 0}
+            rlimits = {"RLIMIT_CORE": 0, "RLIMIT_NOFILE": NOFILE_MAX}
             if spec.memory_mb:
                 rlimits["RLIMIT_AS"] = spec.memory_mb << 20
                 mech["memory"] = "rlimit-as"
@@ -240,7 +243,7 @@ class Limits:
         except OSError as exc:
             cgroup.remove()
             raise SandboxStartError(f"cannot set up cgroup for sandbox {sandbox_id}: {exc}") from exc
-        return LimitPlan(mech, cgroup, {"RLIMIT_CORE": 0})
+        return LimitPlan(mech, cgroup, {"RLIMIT_CORE": 0, "RLIMIT_NOFILE": NOFILE_MAX})
 
     def _apply(self, cgroup: Cgroup, spec: SandboxSpec, mech: dict[str, str]) -> None:
         if cgroup.version == 2:
