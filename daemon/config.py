@@ -73,6 +73,7 @@ class Settings(BaseModel):
     sandbox_memory_mb: int | None = Field(2048, ge=16)
     sandbox_pids_max: int | None = Field(512, ge=8)
     sandbox_cpu_cores: float | None = Field(None, gt=0)
+    sandbox_disk_mb: int | None = Field(None, ge=16)
     sandbox_lifetime_buffer_s: float = Field(120.0, ge=0)
     apptainer_binary: str | None = None
     image_cache_dir: Path | None = None

@@ -291,7 +291,7 @@ class Pipeline:
         """Limits a sandbox gets when its task names none (from the settings)."""
         s = self.settings
         return {"memory_mb": s.sandbox_memory_mb, "pids_max": s.sandbox_pids_max,
-                "cpu_cores": s.sandbox_cpu_cores}
+                "cpu_cores": s.sandbox_cpu_cores, "disk_mb": s.sandbox_disk_mb}
 
     @asynccontextmanager
     async def _scoped_sandbox(self, spec: SandboxSpec, job: Job) -> AsyncIterator[Sandbox]:
