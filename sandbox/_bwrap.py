@@ -18,6 +18,7 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 from typing import Any, ClassVar
 
 from ._backend import Backend, Handle
@@ -78,7 +79,15 @@ def bwrap_argv(bwrap: str, spec: SandboxSpec, handle: Handle, *, state_dir: str,
                 argv += ["--ro-bind", path, path]
     if tmp_size_mb:
         argv += ["--size", str(tmp_size_mb << 20)]
-    argv += ["--tmpfs", "/tmp", "--tmpfs", "/dev/shm", "--tmpfs", "/run", "--tmpfs", state_dir]
+    fresh = ("/tmp", "/dev/shm", "/run")
+    for path in fresh:
+        argv += ["--tmpfs", path]
+    # The daemon's Python (a venv, an editable checkout) may live under a path the fresh
+    # mounts just hid, e.g. a clone in /tmp: show it again, read-only, so the sandbox's
+    # interpreter and its packages work. The state dir and hidden paths are covered after.
+    for path in python_paths(fresh):
+        argv += ["--ro-bind", path, path]
+    argv += ["--tmpfs", state_dir]
     for path in hide_paths:
         argv += ["--tmpfs", path]
     for path in HIDDEN_FILES:
@@ -95,6 +104,24 @@ def bwrap_argv(bwrap: str, spec: SandboxSpec, handle: Handle, *, state_dir: str,
     argv += ["--as-pid-1", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
              "--hostname", "sandbox", "--chdir", spec.workdir, "--"]
     return argv
+
+
+@functools.cache
+def python_paths(hidden: tuple[str, ...]) -> tuple[str, ...]:
+    """Directories this interpreter needs (its prefixes, its binary's directory, its sys.path)
+    that lie under one of the ``hidden`` mount points: outermost ones only."""
+    wanted = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable),
+              *(p for p in sys.path if p)}
+    dirs = set()
+    for path in wanted:
+        for form in (os.path.abspath(path), os.path.realpath(path)):  # symlinked venvs: both
+            if os.path.isdir(form) and any(form == h or form.startswith(h + "/") for h in hidden):
+                dirs.add(form)
+    outermost: list[str] = []
+    for path in sorted(dirs):  # a parent sorts before its children
+        if not any(path.startswith(top + "/") for top in outermost):
+            outermost.append(path)
+    return tuple(outermost)
 
 
 @functools.cache
