@@ -35,7 +35,7 @@ class GroupSummary(BaseModel):
     prompt_index: int
     state: str = Field(description="running | kept | filtered | cancelled")
     reason: str | None = Field(
-        None, description="all_equal | low_std | missing_metric | infrastructure"
+        None, description="all_equal | low_std | missing_metric | infrastructure | stale"
     )
     detail: str | None = None
     rewards: list[float | None]

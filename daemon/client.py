@@ -172,6 +172,22 @@ class Client:
         """Submit and wait."""
         return self.wait(self.submit(task, n=n, **options).ids)
 
+    def add_backend(self, spec: Mapping[str, Any]) -> str:
+        """Register an LLM backend (``{"kind": "model-server", "url": ..., "id": ...}``); its id."""
+        return str(self._call("POST", "/v1/backends", json=dict(spec))["id"])
+
+    def reload_backend(
+        self, backend_id: str, path: str | os.PathLike[str], *, version: int | None = None,
+        partial: bool = False,
+    ) -> dict[str, Any]:
+        """Weight sync: the backend loads the safetensors under ``path`` (pause, load, drop its
+        cache, set the policy version to ``version`` or current + 1, resume)."""
+        body = {"path": os.fspath(path), "version": version, "partial": partial}
+        return dict(self._call("POST", f"/v1/backends/{backend_id}/reload", json=body))
+
+    def set_policy_version(self, version: int) -> None:
+        self._call("PUT", "/v1/policy_version", json={"version": version})
+
     def create_batch(
         self, prompts: Sequence[Mapping[str, Any]], *, group_size: int, keep: int, **options: Any
     ) -> dict[str, Any]:
@@ -271,6 +287,19 @@ class AsyncClient:
 
     async def run(self, task: Mapping[str, Any], *, n: int = 1, **options: Any) -> list[Trajectory]:
         return await self.wait((await self.submit(task, n=n, **options)).ids)
+
+    async def add_backend(self, spec: Mapping[str, Any]) -> str:
+        return str((await self._call("POST", "/v1/backends", json=dict(spec)))["id"])
+
+    async def reload_backend(
+        self, backend_id: str, path: str | os.PathLike[str], *, version: int | None = None,
+        partial: bool = False,
+    ) -> dict[str, Any]:
+        body = {"path": os.fspath(path), "version": version, "partial": partial}
+        return dict(await self._call("POST", f"/v1/backends/{backend_id}/reload", json=body))
+
+    async def set_policy_version(self, version: int) -> None:
+        await self._call("PUT", "/v1/policy_version", json={"version": version})
 
     async def create_batch(
         self, prompts: Sequence[Mapping[str, Any]], *, group_size: int, keep: int, **options: Any

@@ -15,7 +15,8 @@ Groups go through ``RolloutService.submit`` like any rollout (intake, back-press
 result store); the G samples share a ``group_id``, so the LLM pool routes them to one
 backend (prefix reuse). A group with any unusable sample (failed, cancelled, not usable
 timed out) is filtered with reason ``infrastructure``; it is not resubmitted and never
-counted as reward 0.
+counted as reward 0. With ``max_staleness`` set, a group with a sample whose turns began more
+than that many policy versions ago is filtered with reason ``stale``.
 """
 
 from __future__ import annotations
@@ -99,6 +100,12 @@ class BatchRequest(BaseModel):
         None, ge=1, description="Bound on groups tried (default: every prompt once)."
     )
     filter: GroupFilter = Field(default_factory=GroupFilter)
+    max_staleness: int | None = Field(
+        None, ge=0,
+        description="Drop (reason `stale`) a group any of whose samples began a turn more than "
+        "this many policy versions before the version current when the group is judged; "
+        "0 keeps only groups sampled entirely on the current version. Default: no bound.",
+    )
     cancel_on_disconnect: bool = Field(
         True,
         description="Cancel the batch when the last client streaming its groups disconnects "
@@ -241,7 +248,15 @@ def _metric(job: Job, metric: str) -> float | None:
     return None
 
 
-def judge(group: Group, flt: GroupFilter) -> tuple[bool, str | None, str | None]:
+def sample_version(job: Job) -> int | None:
+    """The oldest policy version a sample's turns began on (None: it has no turn)."""
+    turns = job.trajectory.turns
+    return min(t.policy_version_start for t in turns) if turns else None
+
+
+def judge(
+    group: Group, flt: GroupFilter, *, max_staleness: int | None = None, current_version: int = 0
+) -> tuple[bool, str | None, str | None]:
     """(keep, reason, detail) for a group whose samples are all terminal."""
     bad = [j for j in group.jobs if not j.trajectory.usable]
     if bad:
@@ -252,6 +267,13 @@ def judge(group: Group, flt: GroupFilter) -> tuple[bool, str | None, str | None]
             f"{len(bad)} of {len(group.jobs)} samples unusable; sample {j.trajectory.sample_index} "
             f"{j.status.value} ({what})"
         )
+    if max_staleness is not None:
+        versions = [v for v in map(sample_version, group.jobs) if v is not None]
+        if versions and current_version - min(versions) > max_staleness:
+            return False, "stale", (
+                f"a sample began on policy version {min(versions)}; the current version is "
+                f"{current_version} (max_staleness {max_staleness})"
+            )
     values = [_metric(j, flt.metric) for j in group.jobs]
     if any(v is None for v in values):
         return False, "missing_metric", f"metric {flt.metric!r} is missing or not a number"
@@ -477,7 +499,11 @@ class Sampler:
     def _judge(self, batch: Batch, group: Group) -> None:
         if group.state is not GroupState.running:
             return
-        keep, reason, detail = judge(group, batch.request.filter)
+        pool = self.service.pipeline.services.pool
+        keep, reason, detail = judge(
+            group, batch.request.filter, max_staleness=batch.request.max_staleness,
+            current_version=pool.policy_version if pool is not None else 0,
+        )
         batch.running -= 1
         if keep:
             group.state = GroupState.kept

@@ -133,6 +133,8 @@ class Toolbox:
                     return await self._call_ipython(arguments, timeout_s)
                 if tool == "editor":
                     return await self._call_editor(arguments, timeout_s)
+                if tool == "calculator":
+                    return _call_calculator(arguments)
                 return self._call_finish(arguments)
         except _BadArgs as exc:
             return ToolResult(f"Invalid arguments for `{name}`: {exc}", ok=False)
@@ -206,6 +208,16 @@ class Toolbox:
                 await self._bash.aclose()
             if self._kernel is not None:
                 await self._kernel.aclose()
+
+
+def _call_calculator(args: dict[str, Any]) -> ToolResult:
+    from .calculator import CalculatorError, evaluate, format_result
+
+    expression = _string(args, "expression") or ""
+    try:
+        return ToolResult(format_result(evaluate(expression)), exit_code=0)
+    except CalculatorError as exc:
+        return ToolResult(f"Error: {exc}", ok=False, exit_code=1)
 
 
 @asynccontextmanager

@@ -11,6 +11,8 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
+from .calculator import SCHEMA as _CALCULATOR
+
 __all__ = ["ALIASES", "TOOL_NAMES", "tool_schemas"]
 
 _BASH = {
@@ -144,6 +146,7 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
     "ipython": _IPYTHON,
     "editor": _EDITOR,
     "finish": _FINISH,
+    "calculator": _CALCULATOR,
 }
 
 TOOL_NAMES: tuple[str, ...] = tuple(_SCHEMAS)

@@ -9,6 +9,9 @@ Routes (the subset of vLLM's OpenAI server that rolloutd's vllm client uses):
   ``logprobs.tokens``/``token_logprobs``, ``finish_reason``, ``usage``). Text prompts,
   ``n > 1``, ``stream`` and ``logprobs > 0`` answer 400.
 - ``GET /v1/models``, ``GET /health`` (200, empty), ``GET /metrics`` (Prometheus text).
+- ``POST /v1/reload`` ``{"path": dir, "partial": false, "version": N}``: weight sync; loads
+  the ``*.safetensors`` under ``dir`` into the model after the generation in progress and
+  drops the KV cache (``daemon.llm.reload``). 400 when the weights do not fit the model.
 
 A client that disconnects aborts its request (the generation thread stops at the next token),
 as vLLM does. ``--backend scripted`` serves the labelled test double instead of the model
@@ -65,6 +68,14 @@ class CompletionRequest(BaseModel):
     return_tokens_as_token_ids: bool | None = None
 
 
+class ReloadRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(min_length=1)
+    partial: bool = False
+    version: int | None = Field(None, ge=0)
+
+
 class _Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -73,6 +84,7 @@ class _Metrics:
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens received", registry=self.registry)
         self.generation_tokens = Counter(p + "generation_tokens", "Tokens generated", registry=self.registry)
         self.in_flight = Gauge(p + "requests_in_flight", "Requests being served", registry=self.registry)
+        self.reloads = Counter(p + "weight_reloads", "Weight reloads (POST /v1/reload)", registry=self.registry)
 
 
 class ModelServerApp:
@@ -85,6 +97,7 @@ class ModelServerApp:
         self.max_model_len = max_model_len
         self.metrics = _Metrics()
         self.created = int(time.time())
+        self.weights_version: int | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -104,16 +117,50 @@ class ModelServerApp:
             await _json(send, 200, {"object": "list", "data": [{
                 "id": self.model_name, "object": "model", "created": self.created,
                 "owned_by": "rolloutd", "root": self.model_name, "parent": None,
-                "max_model_len": self.max_model_len,
+                "max_model_len": self.max_model_len, "weights_version": self.weights_version,
             }]})
         elif route == ("GET", "/metrics"):
             await _respond(send, 200, generate_latest(self.metrics.registry), "text/plain; version=0.0.4")
         elif route == ("POST", "/v1/completions"):
             await self._completions(receive, send)
-        elif scope["path"] in ("/health", "/v1/models", "/metrics", "/v1/completions"):
+        elif route == ("POST", "/v1/reload"):
+            await self._reload(receive, send)
+        elif scope["path"] in ("/health", "/v1/models", "/metrics", "/v1/completions", "/v1/reload"):
             await _error(send, 405, "method not allowed")
         else:
             await _error(send, 404, f"no route {scope['path']}")
+
+    async def _reload(self, receive: Receive, send: Send) -> None:
+        """Weight sync: ``{"path": dir, "partial": false, "version": N?}`` -> the weights
+        under ``path`` are loaded (after the generation in progress) and the cache dropped."""
+        from daemon.llm.reload import WeightsError
+
+        body = b""
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            body += msg.get("body", b"")
+            if not msg.get("more_body") or len(body) > MAX_BODY:
+                break
+        try:
+            req = ReloadRequest.model_validate(json.loads(body or b"null"))
+        except (ValueError, ValidationError) as exc:
+            await _error(send, 400, f"bad request: {exc}")
+            return
+        reload = getattr(self.backend, "reload_weights", None)
+        if reload is None:
+            await _error(send, 400, f"this server's backend ({self.model_name}) cannot reload weights")
+            return
+        try:
+            result = await reload(req.path, partial=req.partial)
+        except WeightsError as exc:
+            await _error(send, 400, str(exc))
+            return
+        if req.version is not None:
+            self.weights_version = req.version
+        self.metrics.reloads.inc()
+        await _json(send, 200, {**result, "path": req.path, "version": self.weights_version})
 
     async def _completions(self, receive: Receive, send: Send) -> None:
         body = b""

@@ -174,6 +174,7 @@ class TransformersBackend:
         self.max_model_len = 8192
         self.generated_tokens = 0
         self.generation_s = 0.0
+        self.weights_path: str | None = None
 
     async def load(self) -> None:
         """Load (converting and caching on the very first run, ~30 s) the model and tokenizer."""
@@ -221,6 +222,24 @@ class TransformersBackend:
             cached_tokens=result.cached,
             extra={"generation_s": result.seconds},
         )
+
+    async def reload_weights(self, path: str, *, partial: bool = False) -> dict[str, Any]:
+        """Weight sync: copy the safetensors under ``path`` into the model (after the current
+        generation, under the same limiter) and drop the KV cache the old weights computed."""
+        from daemon.llm.reload import load_weights
+
+        await self.load()
+        gen = self._gen
+        assert gen is not None
+
+        def _reload() -> dict[str, Any]:
+            result = load_weights(gen.model, path, partial=partial)
+            gen._past, gen._cache_ids = None, []
+            return result
+
+        result = await trio.to_thread.run_sync(_reload, limiter=self._limiter)
+        self.weights_path = path
+        return result
 
     async def health(self) -> bool:
         await trio.lowlevel.checkpoint()

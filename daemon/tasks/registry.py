@@ -18,6 +18,7 @@ BUILTIN = {
     "math": "daemon.tasks.math:MathTask",
     "code": "daemon.tasks.code:CodeTask",
     "swe": "daemon.tasks.swe:SweTask",
+    "calc": "daemon.tasks.calc:CalcTask",
 }
 
 

@@ -1,0 +1,134 @@
+"""SkyRL: a ``GeneratorInterface`` whose ``generate()`` runs the batch on rolloutd.
+
+    generator = RolloutdGenerator("http://127.0.0.1:8321", task_fn=my_task_fn)
+    output = await generator.generate(input_batch)      # GeneratorOutput, in input order
+
+``GeneratorInput`` (``skyrl/train/generators/base.py``) holds ``prompts``, ``env_classes``,
+``env_extras``, ``sampling_params``, ``trajectory_ids`` (``TrajectoryID(instance_id,
+repetition_id)``) and ``batch_metadata``. The rows of one ``instance_id`` become one rolloutd
+group (one ``group_id``, one backend); the task of a row is ``task_fn(prompt, env_class,
+env_extras)``, by default ``env_extras["rolloutd_task"]``. Unusable samples are resubmitted,
+then masked (``loss_masks`` all 0, reward 0), so the output has exactly one row per input row.
+``GeneratorOutput`` fields (SkyRL is not installed here: tested against the published names):
+
+===============================  ==================================================
+``prompt_token_ids``             ``T.token_ids[:P]``
+``response_ids``                 ``T.token_ids[P:]``
+``loss_masks``                   ``T.loss_mask[P:]``
+``rollout_logprobs``             ``T.logprobs[P:]``, null as 0.0
+``rewards``                      ``T.reward`` (or per token, reward on the last sampled token)
+``stop_reasons``                 the last turn's ``finish_reason``
+``trajectory_ids``               echoed
+``trajectory_generation_times``  ``T.timing.total_s``
+``trajectory_time_splits``       ``{"llm": [T.timing.llm_s], "env": [T.timing.tool_s]}``
+``rollout_metrics``              reward mean, resubmitted and masked counts, policy versions
+===============================  ==================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import anyio
+
+from contrib.trainers._common import GroupResult, arun_group, boundary, versions, zeros_for_null
+from daemon.client import AsyncClient
+from daemon.trajectory import Trajectory
+
+TaskFn = Callable[[Any, Any, Mapping[str, Any]], Mapping[str, Any]]
+
+
+def default_task(prompt: Any, env_class: Any, env_extras: Mapping[str, Any]) -> dict[str, Any]:
+    task = (env_extras or {}).get("rolloutd_task")
+    if not isinstance(task, Mapping):
+        raise ValueError("no rolloutd task: put it in env_extras['rolloutd_task'] or pass task_fn=")
+    return dict(task)
+
+
+def _instance(tid: Any, i: int) -> str:
+    if tid is None:
+        return f"row{i}"
+    return str(getattr(tid, "instance_id", None) or (tid.get("instance_id") if isinstance(tid, Mapping) else tid))
+
+
+def generator_output(trajs: list[Trajectory], trajectory_ids: list[Any] | None, *,
+                     per_token_rewards: bool = False, groups: Sequence[GroupResult] = ()) -> dict[str, Any]:
+    """``GeneratorOutput`` for trajectories in input order (see the module table)."""
+    out: dict[str, Any] = {k: [] for k in ("prompt_token_ids", "response_ids", "loss_masks",
+                                           "rollout_logprobs", "rewards", "stop_reasons")}
+    for t in trajs:
+        p = boundary(t)
+        response, mask = list(t.token_ids[p:]), list(t.loss_mask[p:])
+        if not response:
+            response, mask = [t.token_ids[-1] if t.token_ids else 0], [0]
+        out["prompt_token_ids"].append(list(t.token_ids[:p]))
+        out["response_ids"].append(response)
+        out["loss_masks"].append(mask)
+        out["rollout_logprobs"].append(zeros_for_null(t.logprobs[p:]) or [0.0] * len(response))
+        reward = float(t.reward or 0.0)
+        if per_token_rewards:
+            last = max((i for i, m in enumerate(mask) if m), default=len(mask) - 1)
+            out["rewards"].append([reward if i == last else 0.0 for i in range(len(mask))])
+        else:
+            out["rewards"].append(reward)
+        out["stop_reasons"].append(t.turns[-1].finish_reason if t.turns else (t.finish_reason or "error"))
+    rewards = [float(t.reward or 0.0) for t in trajs]
+    lows = [v for v in (versions(t)[0] for t in trajs) if v is not None]
+    out["trajectory_ids"] = trajectory_ids
+    out["trajectory_generation_times"] = [t.timing.total_s for t in trajs]
+    out["trajectory_time_splits"] = {"llm": [t.timing.llm_s for t in trajs], "env": [t.timing.tool_s for t in trajs]}
+    out["rollout_metrics"] = {
+        "rolloutd/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+        "rolloutd/resubmitted": sum(g.resubmitted for g in groups),
+        "rolloutd/masked": sum(len(g.masked) for g in groups),
+        "rolloutd/policy_version_min": min(lows) if lows else None,
+    }
+    return out
+
+
+class RolloutdGenerator:
+    """SkyRL ``GeneratorInterface`` over a rolloutd daemon (subclass it in SkyRL code, or pass
+    it where SkyRL expects a generator: SkyRL only calls ``generate``)."""
+
+    def __init__(self, rolloutd_url: str, *, task_fn: TaskFn = default_task, max_resubmits: int = 2,
+                 per_token_rewards: bool = False, **options: Any) -> None:
+        self.url = rolloutd_url
+        self.task_fn = task_fn
+        self.max_resubmits = max_resubmits
+        self.per_token_rewards = per_token_rewards
+        self.options = options
+
+    async def generate(self, input_batch: Mapping[str, Any]) -> dict[str, Any]:
+        prompts = list(input_batch["prompts"])
+        extras = list(input_batch.get("env_extras") or [{}] * len(prompts))
+        classes = list(input_batch.get("env_classes") or [None] * len(prompts))
+        tids = input_batch.get("trajectory_ids")
+        sp = dict(input_batch.get("sampling_params") or {})
+        sampling = {k: sp[k] for k in ("temperature", "top_p", "top_k") if sp.get(k) is not None}
+        meta = input_batch.get("batch_metadata")
+        step = getattr(meta, "global_step", None) if meta is not None else None
+        rows: dict[str, list[int]] = {}
+        for i in range(len(prompts)):
+            rows.setdefault(_instance(tids[i] if tids else None, i), []).append(i)
+        trajs: list[Trajectory | None] = [None] * len(prompts)
+        groups: list[GroupResult] = []
+
+        async def one(instance: str, idx: list[int], client: AsyncClient) -> None:
+            first = idx[0]
+            task = self.task_fn(prompts[first], classes[first], extras[first] or {})
+            group = await arun_group(client, task, len(idx), group_id=f"skyrl-{step}-{instance}",
+                                     max_resubmits=self.max_resubmits, sampling=sampling or None,
+                                     **self.options)
+            groups.append(group)
+            for i, t in zip(idx, group.rollouts, strict=True):
+                trajs[i] = t
+
+        # anyio: SkyRL runs on asyncio; the groups run concurrently on either event loop.
+        async with AsyncClient(self.url) as client, anyio.create_task_group() as tg:
+            for instance, idx in rows.items():
+                tg.start_soon(one, instance, idx, client)
+        done = [t for t in trajs if t is not None]
+        assert len(done) == len(prompts)
+        return generator_output(done, list(tids) if tids is not None else None,
+                                per_token_rewards=self.per_token_rewards, groups=groups)
