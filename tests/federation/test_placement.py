@@ -44,10 +44,11 @@ def test_power_of_two_choices_never_picks_the_worst_of_three():
     assert picks["b"] == 0 and picks["d"] > picks["c"] > 0
 
 
-def test_full_cluster_queues_locally_on_ties_and_forwards_to_shorter_queues():
+def test_full_cluster_forwards_ties_and_shorter_queues_and_keeps_longer_ones():
     p = Placement(rng=random.Random(3))
     local = Cap(free_slots=0, queued=4)()
-    assert p.choose(local, [peer("b", 0, queued=4)]) is None
+    assert p.choose(local, [peer("b", 0, queued=6)]) is None
+    assert p.choose(local, [peer("b", 0, queued=4)]).node_id == "b"
     assert p.choose(local, [peer("b", 0, queued=2)]).node_id == "b"
 
 
@@ -90,10 +91,10 @@ async def test_front_forwards_a_burst_evenly_when_local_capacity_is_full(autojum
             else:
                 a.cap.queued += 1
         # 2 run here while there is room; b and c then take 3 each (their headroom, debited
-        # per placement since their gossip is not fresh yet); with everyone at 0 a tie
-        # queues here (headroom -1), and the next one goes to a peer again.
-        assert placed["a"] == 3
-        assert placed["b"] + placed["c"] == 7
+        # per placement since their gossip is not fresh yet); with everyone at 0 the ties
+        # go to the peers (headroom -1 each), so the front queues no more than they do.
+        assert placed["a"] == 2
+        assert placed["b"] + placed["c"] == 8
         assert abs(placed["b"] - placed["c"]) <= 1
 
 
@@ -104,12 +105,15 @@ async def test_a_new_capacity_report_replaces_the_debit(autojump_clock):
         await c.wait_converged()
         await trio.sleep(1.5)
         assert a.fed.place().node_id == "b"
-        assert a.fed.place() is None  # b's headroom is spent until it reports again
+        assert a.fed.member("b").headroom == 0  # b's slot is spent until it reports again
         await trio.sleep(1.5)  # b's next heartbeat still says free_slots=1
+        assert a.fed.member("b").headroom == 1
         assert a.fed.place().node_id == "b"
         b.cap.free_slots = 0
+        b.cap.queued = 2
         await trio.sleep(1.5)
-        assert a.fed.place() is None
+        assert a.fed.member("b").headroom == -2
+        assert a.fed.place() is None  # a (headroom 0) is now the emptier node
 
 
 async def test_a_dead_peer_turns_its_forwarded_jobs_into_failures_once(autojump_clock):
