@@ -108,10 +108,10 @@ def bwrap_argv(bwrap: str, spec: SandboxSpec, handle: Handle, *, state_dir: str,
 
 @functools.cache
 def python_paths(hidden: tuple[str, ...]) -> tuple[str, ...]:
-    """Directories this interpreter needs (its prefixes, its binary's directory, its sys.path)
-    that lie under one of the ``hidden`` mount points: outermost ones only."""
-    wanted = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable),
-              *(p for p in sys.path if p)}
+    """Directories this interpreter needs (its prefixes and its binary's directory) that lie
+    under one of the ``hidden`` mount points: outermost ones only. Not the daemon's whole
+    sys.path: an in-sandbox interpreter needs its installed packages, not our checkout."""
+    wanted = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable)}
     dirs = set()
     for path in wanted:
         for form in (os.path.abspath(path), os.path.realpath(path)):  # symlinked venvs: both

@@ -22,5 +22,5 @@ def test_paths_under_hidden_mounts_are_rebound_outermost_only(monkeypatch, tmp_p
     monkeypatch.setattr(sys, "path", ["", str(repo), str(site), "/usr/lib/python3.11"])
     found = python_paths.__wrapped__(HIDDEN)
     if str(tmp_path).startswith("/tmp/"):
-        assert found == (str(repo),)  # the venv and site-packages are inside the repo
+        assert found == (str(venv),)  # the venv, not the checkout around it
     assert "/usr/lib/python3.11" not in found
