@@ -128,3 +128,19 @@ async def test_peers_with_the_wrong_token_do_not_join(tmp_path, nursery):
     for node in nodes:
         assert [m["node_id"] for m in node.federation.members() if m["state"] == "alive"] == [node.node_id]
         node.request_stop()
+
+
+async def test_status_federation_prints_the_member_table(tmp_path, nursery, monkeypatch, capsys):
+    from daemon.cli import main
+
+    cluster = await start_cluster(tmp_path, nursery)
+    front = cluster[0][0]
+    monkeypatch.setenv("ROLLOUTD_TOKEN", "fedtok")
+    rc = await trio.to_thread.run_sync(main, ["status", "--federation", "--url", front.urls[0]])
+    out = capsys.readouterr().out
+    assert rc == 0
+    for node, _ in cluster:
+        assert node.node_id in out
+    assert "alive" in out
+    for node, _ in cluster:
+        node.request_stop()
