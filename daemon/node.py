@@ -1,12 +1,14 @@
 """The root of a daemon: opens the nursery tree, wires the parts, and drains on SIGTERM.
 
     Node.run
-    ├─ SandboxSupervisor   every live sandbox; orphans of earlier boots swept at start
-    ├─ BackendPool         LLM backends: health checks, routing, pause/resume
-    ├─ Pipeline            INIT / RUN / EVAL worker pools
-    ├─ Federation          gossip with peers (when seeds are configured)
-    ├─ signal watcher      SIGTERM / SIGINT -> drain
-    └─ HTTP server         hypercorn serving the quart-trio app
+    └─ Journal             job records in sqlite; outlives every other part
+       ├─ SandboxSupervisor   every live sandbox; orphans of earlier boots swept at start
+       ├─ BackendPool         LLM backends: health checks, routing, pause/resume
+       ├─ Pipeline            INIT / RUN / EVAL worker pools
+       ├─ Sampler             dynamic-sampling batches
+       ├─ signal watcher      SIGTERM / SIGINT -> drain
+       ├─ HTTP server         hypercorn serving the quart-trio app
+       └─ Federation          gossip with peers and the forwarder (when seeds are configured)
 
 Drain: readiness turns 503 and intake stops; queued jobs end ``cancelled``; in-flight jobs
 get ``drain_timeout_s`` to finish, then are cancelled; sandboxes are torn down; exit 0.
@@ -27,6 +29,7 @@ from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve
 
 from daemon.config import Settings
+from daemon.forward import Forwarder, PeerUnavailable
 from daemon.jobs import Job, new_id
 from daemon.journal import Journal
 from daemon.logs import redact
@@ -43,12 +46,11 @@ from daemon.service import (
 )
 from daemon.tasks.registry import TaskRegistry
 from daemon.trajectory import Trajectory
+from federation import Federation, Member, is_forwarded, slurm_seeds
 
 if TYPE_CHECKING:
-    from daemon.forward import Forwarder
     from daemon.llm.chat import ChatRenderer
     from daemon.llm.pool import BackendPool
-    from federation import Federation
     from sandbox import SandboxSupervisor
 
 log = logging.getLogger(__name__)
@@ -124,15 +126,11 @@ class Node:
         self, body: dict[str, Any], *, wait: bool, headers: Mapping[str, str]
     ) -> tuple[int, Any] | None:
         """Forward a submit to a peer when placement says so; None means run it here."""
-        from federation import is_forwarded
-
         if self.forwarder is None or self.draining or is_forwarded(headers):
             return None
         member = self.forwarder.place()
         if member is None:
             return None
-        from daemon.forward import PeerUnavailable
-
         try:
             return await self.forwarder.submit(member, body, wait=wait)
         except PeerUnavailable as exc:
@@ -217,8 +215,6 @@ class Node:
         return recv
 
     async def _from_peer(self, call: Awaitable[Any]) -> Any:
-        from daemon.forward import PeerUnavailable
-
         try:
             return await call
         except PeerUnavailable as exc:
@@ -434,9 +430,6 @@ class Node:
         return options
 
     async def _start_federation(self, nursery: trio.Nursery) -> None:
-        from daemon.forward import Forwarder
-        from federation import Federation, Member, slurm_seeds
-
         seeds = list(self.settings.seeds)
         if self.settings.slurm_seeds:
             seeds += await slurm_seeds(self.settings.port)
