@@ -153,8 +153,16 @@ async def test_real_daemons_under_slurm_converge_run_30_rollouts_and_drain(tmp_p
         auth = {"Authorization": f"Bearer {token}"}
 
         async with httpx.AsyncClient(timeout=10) as bare:
+            # `env` appears once the front is ready; the other daemons may still be starting.
             for url in urls:
-                assert (await bare.get(url + MEMBERS_PATH)).status_code == 401
+                with trio.fail_after(60):
+                    while True:
+                        try:
+                            resp = await bare.get(url + MEMBERS_PATH)
+                            break
+                        except httpx.TransportError:
+                            await trio.sleep(0.2)
+                assert resp.status_code == 401
         async with httpx.AsyncClient(timeout=10, headers=auth) as http:
             # Converged: the front sees all three alive, each with a healthy backend.
             with trio.fail_after(30):
