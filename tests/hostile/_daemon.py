@@ -24,6 +24,8 @@ from typing import Any
 import httpx
 import trio
 
+from tests.sandbox.conftest import marked_pids as sandbox_pids
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -55,22 +57,6 @@ GOOD = "printf 'print(sum(map(int, input().split())))\\n' > solution.py; echo wr
 
 
 # ---- observers -----------------------------------------------------------------------
-
-def sandbox_pids(tag: str) -> list[int]:
-    """Host pids whose environment carries a sandbox marker of boot ``tag``."""
-    needle = f"ROLLOUTD_SANDBOX={tag}/".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if needle in f.read():
-                    found.append(int(name))
-        except OSError:
-            pass
-    return found
-
 
 def sandbox_dirs(state_dir: Path) -> list[Path]:
     """Sandbox dirs (``<state>/sandboxes/sandboxes/<boot tag>/<id>``) of any boot."""

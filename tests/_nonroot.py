@@ -1,0 +1,64 @@
+"""Run copied test files as the unprivileged user ``rolloutd-test`` (the rootless HPC case).
+
+As root (CI is): create the user if needed, copy the sandbox package, the given test files
+and their dependencies into a world-readable temp dir (the venv and /root are not reachable
+by that user), and run pytest there with Debian's /usr/bin/python3 under ``runuser``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+USER = "rolloutd-test"
+REPO = Path(__file__).resolve().parents[1]
+DEPS = ("trio", "outcome", "sniffio", "sortedcontainers", "idna", "attr", "attrs", "pydantic",
+        "pydantic_core", "annotated_types", "typing_extensions", "typing_inspection",
+        "ptyprocess", "pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pytest_trio",
+        "py")
+
+
+def copy_module(name: str, dest: Path) -> None:
+    spec = importlib.util.find_spec(name)
+    if spec is None:
+        return
+    if spec.submodule_search_locations:
+        src = Path(next(iter(spec.submodule_search_locations)))
+        shutil.copytree(src, dest / src.name, ignore=shutil.ignore_patterns("__pycache__"))
+    elif spec.origin and spec.origin.endswith(".py"):
+        shutil.copy(spec.origin, dest)
+
+
+def run_as_unprivileged(files: Sequence[str], target: str, *, env: Mapping[str, str] = {},
+                        pytest_args: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+    """Copy ``files`` (paths relative to the repo) and run pytest on ``target`` as USER."""
+    if subprocess.run(["id", USER], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                        USER], check=True, capture_output=True)
+    root = Path(tempfile.mkdtemp(prefix="rldn", dir="/tmp"))
+    try:
+        site = root / "site"
+        site.mkdir()
+        for name in DEPS:
+            copy_module(name, site)
+        shutil.copytree(REPO / "sandbox", site / "sandbox", ignore=shutil.ignore_patterns("__pycache__"))
+        for rel in ("tests/__init__.py", *files):
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(REPO / rel, root / rel)
+        (root / "pytest.ini").write_text("[pytest]\ntrio_mode = true\nmarkers =\n    slow: slow\n")
+        for path in [root, *root.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        environ = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(root), "LANG": "C.UTF-8",
+                   "PYTHONPATH": str(site), "PYTHONDONTWRITEBYTECODE": "1", **env}
+        return subprocess.run(
+            ["runuser", "-u", USER, "--", "/usr/bin/python3", "-m", "pytest", "-q",
+             "-p", "pytest_trio.plugin", "-p", "no:cacheprovider", *pytest_args, target],
+            cwd=root, env=environ, capture_output=True, text=True, timeout=240)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        subprocess.run(["find", "/tmp", "-maxdepth", "1", "-name", "rl*", "-user", USER,
+                        "-exec", "rm", "-rf", "{}", "+"], capture_output=True)
