@@ -7,8 +7,11 @@ pipes), reaps its children, reports exits, signals process groups, runs commands
 bounded head+tail capture, and does file operations with paths resolved here, inside the
 sandbox, confined to the configured roots.
 
-Stdlib only, plus ptyprocess (imported lazily, for pty spawns). Keep start-up lean: the
-helper's import time is most of a sandbox's open latency.
+Stdlib only, plus ptyprocess (imported lazily, for pty spawns). Start-up is most of a
+sandbox's open latency, so the helper imports only C modules (``_json``, ``_socket``,
+``select``, ``_signal``, ``_struct``: about 1 ms, where ``json``, ``socket``, ``selectors``
+and ``signal`` cost 11 ms through ``re`` and ``enum``); ``Codec`` and ``Poller`` are the
+few lines of those modules it needs.
 
 Wire format, both directions: ``>II`` (json length, blob length), the JSON object, the
 blob. Replies are ``{"ok": true, ...}`` or ``{"ok": false, "error": {...}}``; file
@@ -16,13 +19,12 @@ descriptors ride on the reply's first byte. A connection closed by the daemon wh
 ``wait`` or ``run`` is pending cancels it (a cancelled ``run`` kills its process tree).
 """
 
+import _signal as signal
+import _socket as socket
+import _struct as struct
 import errno
-import json
 import os
-import selectors
-import signal
-import socket
-import struct
+import select
 import sys
 import time
 
@@ -30,6 +32,86 @@ HEADER = struct.Struct(">II")
 CHUNK = 65536
 DRAIN_GRACE_S = 0.5
 KEEP_EXITED = 4096
+
+
+class Codec:
+    """JSON through the ``_json`` accelerator the ``json`` package itself uses (compact,
+    ASCII, NaN allowed: what ``json.dumps``/``json.loads`` accept). Falls back to ``json``
+    on an interpreter whose ``_json`` differs."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    memo = None
+    CONSTANTS = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+
+    def __init__(self):
+        try:
+            import _json
+
+            self.scan = _json.make_scanner(self)
+            self.encoder = _json.make_encoder(None, self.default, _json.encode_basestring_ascii,
+                                              None, ":", ",", False, False, True)
+            sample = {"a": [1, 2.5, "\u00e9\n", None, True, False, {}]}
+            if self.loads(self.dumps(sample).encode()) != sample:
+                raise ValueError("round trip differs")
+        except Exception:  # any other interpreter: the package (slower to import)
+            import json
+
+            self.dumps = json.dumps
+            self.loads = json.loads
+
+    def parse_constant(self, name):
+        return self.CONSTANTS[name]
+
+    @staticmethod
+    def default(obj):
+        raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+    def dumps(self, obj):
+        return "".join(self.encoder(obj, 0))
+
+    def loads(self, data):
+        text = data.decode() if isinstance(data, (bytes, bytearray)) else data
+        start = len(text) - len(text.lstrip())
+        obj, end = self.scan(text, start)
+        if text[end:].strip():
+            raise ValueError("extra data after the JSON value")
+        return obj
+
+
+json = Codec()
+
+
+class Poller:
+    """The part of ``selectors`` the helper uses, over ``select.epoll``: fds and their data;
+    ``select`` yields (fd, data) for each ready fd (errors and hang-ups count as ready)."""
+
+    def __init__(self):
+        self.epoll = select.epoll()
+        self.data = {}
+
+    def register(self, fd, events, data):
+        fd = fd if isinstance(fd, int) else fd.fileno()
+        self.epoll.register(fd, events)
+        self.data[fd] = data
+
+    def unregister(self, fd):
+        fd = fd if isinstance(fd, int) else fd.fileno()
+        del self.data[fd]
+        try:
+            self.epoll.unregister(fd)
+        except OSError:
+            pass
+
+    def select(self, timeout):
+        events = self.epoll.poll(-1 if timeout is None else timeout)
+        return [(fd, self.data[fd]) for fd, _ in events if fd in self.data]
+
+
+READ, WRITE = select.EPOLLIN, select.EPOLLOUT
 
 
 class Refused(Exception):
@@ -175,7 +257,7 @@ class Helper:
         self.exited = {}
         self.runs = []
         self.run_seq = 0
-        self.sel = selectors.DefaultSelector()
+        self.sel = Poller()
         self.stopping = False
         lifetime = cfg.get("lifetime_s")
         self.expires = None if lifetime is None else time.monotonic() + float(lifetime)
@@ -195,7 +277,7 @@ class Helper:
         os.umask(old)
         self.listener.listen(256)
         self.listener.setblocking(False)
-        self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
+        self.sel.register(self.listener, READ, ("accept", None))
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
         signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -203,7 +285,7 @@ class Helper:
         # bwrap the helper is the PID namespace's init, which then ignores every signal
         # sent from inside the sandbox
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        self.sel.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
+        self.sel.register(self.wake_r, READ, ("wake", None))
         os.write(1, f"READY {os.getpid()}\n".encode())
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
@@ -238,8 +320,7 @@ class Helper:
     def serve(self):
         while not self.stopping:
             timeout = self.next_timeout()
-            for key, _ in self.sel.select(timeout):
-                kind, obj = key.data
+            for fd, (kind, obj) in self.sel.select(timeout):
                 if kind == "accept":
                     self.accept()
                 elif kind == "wake":
@@ -247,7 +328,7 @@ class Helper:
                 elif kind == "conn":
                     self.on_readable(obj)
                 elif kind == "pipe":
-                    self.on_pipe(obj, key.fd)
+                    self.on_pipe(obj, fd)
                 elif kind == "stdin":
                     self.on_stdin(obj)
             self.reap()
@@ -271,12 +352,13 @@ class Helper:
     def accept(self):
         while True:
             try:
-                sock, _ = self.listener.accept()
+                fd, _ = self.listener._accept()  # accept4(SOCK_CLOEXEC)
             except (BlockingIOError, InterruptedError):
                 return
+            sock = socket.socket(fileno=fd)
             sock.setblocking(False)
             conn = Conn(sock)
-            self.sel.register(sock, selectors.EVENT_READ, ("conn", conn))
+            self.sel.register(sock, READ, ("conn", conn))
 
     def drain_wakeups(self):
         try:
@@ -383,6 +465,7 @@ class Helper:
         return cwd if os.path.isabs(cwd) else os.path.join(self.workdir, cwd)
 
     def fork_exec(self, argv, env, cwd, fd0, fd1, fd2):
+        program = which(argv[0], env.get("PATH"), cwd)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
         if pid == 0:
@@ -397,7 +480,7 @@ class Helper:
                     else:
                         os.set_inheritable(fd, True)
                 os.chdir(cwd)
-                os.execvpe(argv[0], argv, env)
+                os.execve(program, argv, env)
             except BaseException as exc:
                 code = getattr(exc, "errno", 0) or 0
                 try:
@@ -405,8 +488,12 @@ class Helper:
                 finally:
                     os._exit(127)
         os.close(err_w)
-        with os.fdopen(err_r, "rb") as f:
-            failure = f.read()
+        try:
+            failure = b""
+            while chunk := os.read(err_r, 4096):  # EOF once the exec succeeded (CLOEXEC)
+                failure += chunk
+        finally:
+            os.close(err_r)
         if failure:
             try:
                 os.waitpid(pid, 0)
@@ -521,11 +608,11 @@ class Helper:
         proc.run = run
         self.runs.append(run)
         conn.pending = ("run", run)
-        self.sel.register(out_r, selectors.EVENT_READ, ("pipe", run))
-        self.sel.register(err_r, selectors.EVENT_READ, ("pipe", run))
+        self.sel.register(out_r, READ, ("pipe", run))
+        self.sel.register(err_r, READ, ("pipe", run))
         if in_w is not None:
             if blob:
-                self.sel.register(in_w, selectors.EVENT_WRITE, ("stdin", run))
+                self.sel.register(in_w, WRITE, ("stdin", run))
             else:
                 os.close(in_w)
                 run.stdin_fd = None
@@ -808,6 +895,27 @@ class Helper:
         finally:
             os.close(dfd)
         return {}, b"", ()
+
+
+def which(name, path, cwd):
+    """The program ``execvpe`` would run for ``name``, found here rather than in the forked
+    child (``os.execvpe`` imports ``warnings`` there: ~2 ms per spawn). A name with a
+    slash is taken as it is (relative to ``cwd``); one not found raises ENOENT, one
+    found but not executable EACCES, as execvp does."""
+    if "/" in name:
+        return name if os.path.isabs(name) else os.path.join(cwd, name)
+    denied = False
+    for folder in (path if path is not None else os.defpath).split(os.pathsep):
+        candidate = os.path.join(folder or ".", name)
+        if not os.path.isabs(candidate):
+            candidate = os.path.join(cwd, candidate)
+        if os.path.isfile(candidate):
+            if os.access(candidate, os.X_OK):
+                return candidate
+            denied = True
+    if denied:
+        raise Refused("SpawnError", f"[Errno 13] Permission denied: {name!r}", errno.EACCES)
+    raise Refused("SpawnError", f"[Errno 2] No such file or directory: {name!r}", errno.ENOENT)
 
 
 def file_type(mode):
