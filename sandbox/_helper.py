@@ -51,17 +51,28 @@ class Codec:
         try:
             import _json
 
-            self.scan = _json.make_scanner(self)
-            self.encoder = _json.make_encoder(None, self.default, _json.encode_basestring_ascii,
-                                              None, ":", ",", False, False, True)
+            scan = _json.make_scanner(self)  # type: ignore[arg-type]  # reads our attributes
+            encoder = _json.make_encoder(None, self.default, _json.encode_basestring_ascii,
+                                         None, ":", ",", False, False, True)
+
+            def dumps(obj):
+                return "".join(encoder(obj, 0))
+
+            def loads(data):
+                text = data.decode() if isinstance(data, (bytes, bytearray)) else data
+                obj, end = scan(text, len(text) - len(text.lstrip()))
+                if text[end:].strip():
+                    raise ValueError("extra data after the JSON value")
+                return obj
+
             sample = {"a": [1, 2.5, "\u00e9\n", None, True, False, {}]}
-            if self.loads(self.dumps(sample).encode()) != sample:
+            if loads(dumps(sample).encode()) != sample:
                 raise ValueError("round trip differs")
+            self.dumps, self.loads = dumps, loads
         except Exception:  # any other interpreter: the package (slower to import)
             import json
 
-            self.dumps = json.dumps
-            self.loads = json.loads
+            self.dumps, self.loads = json.dumps, json.loads  # type: ignore[assignment]
 
     def parse_constant(self, name):
         return self.CONSTANTS[name]
@@ -69,17 +80,6 @@ class Codec:
     @staticmethod
     def default(obj):
         raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
-
-    def dumps(self, obj):
-        return "".join(self.encoder(obj, 0))
-
-    def loads(self, data):
-        text = data.decode() if isinstance(data, (bytes, bytearray)) else data
-        start = len(text) - len(text.lstrip())
-        obj, end = self.scan(text, start)
-        if text[end:].strip():
-            raise ValueError("extra data after the JSON value")
-        return obj
 
 
 json = Codec()
@@ -352,7 +352,7 @@ class Helper:
     def accept(self):
         while True:
             try:
-                fd, _ = self.listener._accept()  # accept4(SOCK_CLOEXEC)
+                fd, _ = self.listener._accept()  # type: ignore[attr-defined]  # accept4, CLOEXEC
             except (BlockingIOError, InterruptedError):
                 return
             sock = socket.socket(fileno=fd)
