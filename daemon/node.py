@@ -423,7 +423,7 @@ class Node:
 
     def _sandbox_options(self) -> dict[str, Any]:
         s = self.settings
-        options: dict[str, Any] = {}
+        options: dict[str, Any] = {"spares": s.sandbox_spares}
         if s.sandbox_backend == "apptainer":
             options["apptainer"] = s.apptainer_binary
             options["image_cache_dir"] = str(s.image_cache_dir or s.cache_dir / "images")

@@ -89,6 +89,7 @@ class ApptainerBackend(Backend):
     gives ``--contain --pid --ipc``), pull_timeout_s, command_timeout_s."""
 
     name: ClassVar[str] = "apptainer"
+    parkable: ClassVar[bool] = False  # the helper runs in an instance started per spec
 
     def __init__(self, *, apptainer: str | None = None, image_cache_dir: str | None = None,
                  containall: bool = True, pull_timeout_s: float = 1800.0,
@@ -135,7 +136,8 @@ class ApptainerBackend(Backend):
         await self._run(handle.plan.exec_prefix() + argv)
         handle.extra["instance"] = name
 
-    def _command(self, spec: SandboxSpec, handle: Handle, helper: list[str]) -> list[str]:
+    def _command(self, spec: SandboxSpec | None, handle: Handle, helper: list[str]) -> list[str]:
+        assert spec is not None  # not parkable
         return exec_argv(self.exe, handle.extra["instance"], spec.workdir, helper)
 
     async def _finish(self, handle: Handle) -> None:

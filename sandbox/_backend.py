@@ -17,8 +17,8 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -29,8 +29,9 @@ import trio
 
 from ._child import ChildProcess
 from ._exceptions import SandboxClosed, SandboxStartError
+from ._launcher import Launcher
 from ._layout import Layout, SandboxDirs, kill_marked, kill_recorded, mounts_under
-from ._limits import LimitPlan, Limits
+from ._limits import Cgroup, LimitPlan, Limits
 from ._models import SandboxSpec
 from ._protocol import HelperClient
 from ._sandbox import Sandbox
@@ -38,6 +39,7 @@ from ._sandbox import Sandbox
 log = logging.getLogger(__name__)
 
 MARKER_NAME = "ROLLOUTD_SANDBOX"
+CONFIG_NAME = "helper.json"  # in the control dir; the helper reads and removes it
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ENV_ALLOW = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")
 
@@ -55,11 +57,17 @@ class Handle:
     """Everything one sandbox holds on the host; teardown releases what exists."""
 
     dirs: SandboxDirs
+    cgroup: Cgroup | None = None
     plan: LimitPlan | None = None
-    process: ChildProcess | None = None
+    launcher: Launcher | None = None
+    helper_pid: int | None = None  # on the host; the launcher's own pid unless it forks
     mounted: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     torn_down: bool = False
+
+    @property
+    def process(self) -> ChildProcess | None:
+        return self.launcher.process if self.launcher is not None else None
 
 
 class Backend:
@@ -67,34 +75,51 @@ class Backend:
 
     limits: "auto" | "cgroup-v2" | "cgroup-v1" | "rlimit"; cgroup_v2_root: a delegated
     v2 subtree; helper_python: interpreter for the helper (bwrap, local);
-    start_timeout_s, teardown_timeout_s; env_allow: host variables passed through.
+    start_timeout_s, teardown_timeout_s; env_allow: host variables passed through;
+    spares: launchers kept parked in fresh cgroups (bwrap, local; see _launcher.py), so an
+    open does not wait for the kernel to move a process into a cgroup (default 0; the
+    daemon's ``sandbox_spares``). A backend with spares must be ``aclose``d.
     """
 
     name: ClassVar[str] = "?"
     isolated: ClassVar[bool] = True
+    #: Whether a launcher can be parked before the spec is known (its command must not
+    #: depend on the spec): bwrap and local yes, Apptainer no (its instance comes first).
+    parkable: ClassVar[bool] = True
 
     def __init__(self, *, state_dir: Path | str, boot_id: str, limits: str = "auto",
                  cgroup_v2_root: str | None = None, helper_python: str | None = None,
                  start_timeout_s: float = 15.0, teardown_timeout_s: float = 5.0,
-                 env_allow: tuple[str, ...] = ENV_ALLOW, **options: Any) -> None:
-        self.layout = Layout(state_dir, boot_id)
-        self.limits = Limits(limits, cgroup_v2_root)
+                 env_allow: tuple[str, ...] = ENV_ALLOW, spares: int = 0,
+                 **options: Any) -> None:
         self.helper_python = helper_python or default_helper_python()
+        self.layout = Layout(state_dir, boot_id, python=self.helper_python)
+        self.limits = Limits(limits, cgroup_v2_root)
         self.start_timeout_s = start_timeout_s
         self.teardown_timeout_s = teardown_timeout_s
         self.env_allow = tuple(env_allow)
+        self.spares = spares if self.parkable else 0
         self.options = options
         self.live: dict[str, Sandbox] = {}
+        self._spares: deque[Handle] = deque()  # parked launchers, oldest first
+        self._closed = False
         self.opened = 0
         self.closed = 0
         self.start_failures = 0
+        self.spare_hits = 0
+        self.spare_misses = 0
 
     # ----- hooks -----------------------------------------------------------------------
     def check(self) -> None:
         """Raise SandboxStartError if this backend cannot run here."""
 
-    def _command(self, spec: SandboxSpec, handle: Handle, helper: list[str]) -> list[str]:
+    def _command(self, spec: SandboxSpec | None, handle: Handle, helper: list[str]) -> list[str]:
+        """What the launcher execs to start ``helper``; ``spec`` is None when parking."""
         raise NotImplementedError
+
+    def _command_input(self, spec: SandboxSpec, handle: Handle) -> bytes:
+        """What the command reads on its stdin after ``go`` (bwrap: its options)."""
+        return b""
 
     def _workdir(self, spec: SandboxSpec, handle: Handle) -> str:
         return spec.workdir
@@ -110,6 +135,10 @@ class Backend:
 
     async def _finish(self, handle: Handle) -> None:
         """Backend work after the helper is gone (Apptainer: instance stop)."""
+
+    def _helper_pid(self, handle: Handle) -> int | None:
+        """The helper's pid on the host (the launcher becomes the helper unless overridden)."""
+        return handle.process.pid if handle.process is not None else None
 
     def _disk_mechanism(self, spec: SandboxSpec, handle: Handle) -> str:
         if spec.disk_mb is None:
@@ -133,7 +162,9 @@ class Backend:
         spec = spec or SandboxSpec()
         if spec.backend not in (None, self.name):
             raise SandboxStartError(f"spec asks for backend {spec.backend!r}, not {self.name!r}")
-        handle = Handle(self.layout.new())
+        if self._closed:
+            raise SandboxStartError(f"the {self.name} backend is closed")
+        handle = await self._take_spare() or Handle(self.layout.new())
         sandbox: Sandbox | None = None
         try:
             sandbox = await self._start(spec, handle)
@@ -145,32 +176,39 @@ class Backend:
                 sandbox._mark_closed("released")
                 self.live.pop(sandbox.id, None)
                 self.closed += 1
-            with trio.move_on_after(self.teardown_timeout_s, shield=True) as scope:
-                await self._teardown(handle)
-            if scope.cancelled_caught:
-                log.warning("sandbox %s: teardown exceeded %.1f s", handle.dirs.id,
-                            self.teardown_timeout_s)
-            _release_sync(handle)
+            await self._release(handle)
+
+    async def _release(self, handle: Handle) -> None:
+        with trio.move_on_after(self.teardown_timeout_s, shield=True) as scope:
+            await self._teardown(handle)
+        if scope.cancelled_caught:
+            log.warning("sandbox %s: teardown exceeded %.1f s", handle.dirs.id,
+                        self.teardown_timeout_s)
+        _release_sync(handle)
+        self._top_up()  # off the open path: the next open finds a parked launcher
 
     async def _start(self, spec: SandboxSpec, handle: Handle) -> Sandbox:
         dirs = handle.dirs
         try:
-            handle.plan = self.limits.create(dirs.boot_tag, dirs.id, spec)
+            if handle.launcher is None:
+                handle.cgroup = self.limits.reserve(dirs.boot_tag, dirs.id)
+            handle.plan = self.limits.create(handle.cgroup, spec)
             disk = self._disk_mechanism(spec, handle)
-            lib = self.layout.lib_dir()
             workdir = self._workdir(spec, handle)
             tmp = str(dirs.tmp) if not self.isolated else "/tmp"
             cfg = {"socket": dirs.socket_path, "workdir": workdir,
                    "env": self.sandbox_env(spec, tmp, tmp), "marker_name": MARKER_NAME,
                    "marker_value": dirs.marker, "roots": self._roots(spec, handle),
-                   "rlimits": handle.plan.rlimits, "sys_path": [str(lib)],
+                   "rlimits": handle.plan.rlimits, "sys_path": [str(self.layout.lib_dir())],
                    "lifetime_s": spec.lifetime_s,
                    "parent_death": os.getpid() if self._parent_death() else 0}
-            python = self._helper_python(spec)
-            helper = [python, "-I", "-S", str(lib / "_helper.py"), json.dumps(cfg)]
+            _write_private(dirs.control / CONFIG_NAME, json.dumps(cfg).encode())
             await self._prepare(spec, handle)
-            argv = handle.plan.exec_prefix() + self._command(spec, handle, helper)
-            await self._spawn(argv, handle)
+            if handle.launcher is None:
+                self.spare_misses += 1 if self.spares else 0
+                handle.launcher = self._launcher(handle, spec)
+            await handle.launcher.go(self._command_input(spec, handle))
+            await self._wait_ready(handle)
         except SandboxStartError:
             self.start_failures += 1
             raise
@@ -183,6 +221,14 @@ class Backend:
                        control_dir=dirs.control, python=self._sandbox_python(spec),
                        socket_path=dirs.socket_path, limits=mechanisms, spec=spec)
 
+    def _helper_argv(self, spec: SandboxSpec | None, handle: Handle) -> list[str]:
+        python = self._helper_python(spec) if spec is not None else self.helper_python
+        # imported, not run as a script: a script is compiled at every start, a module
+        # comes from the lib dir's byte code
+        start = f"import sys; sys.path.insert(0, {str(self.layout.lib_dir())!r}); " \
+                "import _helper; _helper.main()"
+        return [python, "-I", "-S", "-c", start, str(handle.dirs.control / CONFIG_NAME)]
+
     def _helper_python(self, spec: SandboxSpec) -> str:
         return self.helper_python
 
@@ -192,18 +238,60 @@ class Backend:
     def _wrapper_env(self) -> dict[str, str]:
         return {"PATH": os.environ.get("PATH", DEFAULT_PATH), "LANG": "C.UTF-8"}
 
-    async def _spawn(self, argv: list[str], handle: Handle) -> None:
+    def _launcher(self, handle: Handle, spec: SandboxSpec | None) -> Launcher:
+        """Start a launcher for ``handle`` (parked: spec None) in its cgroup."""
+        command = self._command(spec, handle, self._helper_argv(spec, handle))
+        return Launcher.start(handle.dirs, handle.cgroup.dirs if handle.cgroup else None,
+                              command, self._wrapper_env())
+
+    # ----- spare launchers -------------------------------------------------------------
+    def _top_up(self) -> None:
+        """Park launchers until ``spares`` are waiting (a fork each, ~1 ms)."""
+        while len(self._spares) < self.spares and not self._closed:
+            handle: Handle | None = None
+            try:
+                handle = Handle(self.layout.new())
+                handle.cgroup = self.limits.reserve(handle.dirs.boot_tag, handle.dirs.id)
+                handle.launcher = self._launcher(handle, None)
+            except (SandboxStartError, OSError) as exc:
+                log.warning("cannot park a spare %s launcher: %s", self.name, exc)
+                if handle is not None:
+                    if handle.cgroup is not None:
+                        handle.cgroup.remove()
+                    handle.dirs.release()
+                return
+            self._spares.append(handle)
+
+    async def _take_spare(self) -> Handle | None:
+        while self._spares:
+            handle = self._spares.popleft()
+            assert handle.process is not None
+            if handle.process.returncode is None:
+                self.spare_hits += 1
+                return handle
+            log.warning("spare %s launcher %d had exited; discarded", self.name,
+                        handle.process.pid)
+            await self._release(handle)
+        return None
+
+    def warm_up(self) -> None:
+        """Park the spare launchers now rather than at the first open."""
+        self._top_up()
+
+    async def aclose(self) -> None:
+        """Discard the spare launchers (shielded, bounded); open sandboxes are the
+        callers'. Later opens fail."""
+        self._closed = True
+        with trio.CancelScope(shield=True):
+            while self._spares:
+                handle = self._spares.popleft()
+                assert handle.launcher is not None
+                await handle.launcher.discard()
+                await self._release(handle)
+
+    async def _wait_ready(self, handle: Handle) -> None:
         dirs = handle.dirs
-        log_fd = os.open(dirs.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        try:
-            # Not trio.lowlevel.open_process: see _child.py (parent-death signals are per thread).
-            handle.process = ChildProcess.spawn(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_fd,
-                start_new_session=True, env=self._wrapper_env(), cwd=str(dirs.root))
-            await trio.lowlevel.checkpoint()
-        finally:
-            os.close(log_fd)
-        dirs.write_pid(handle.process.pid)
+        assert handle.process is not None
         stdout = handle.process.stdout
         assert stdout is not None
         line = b""
@@ -214,13 +302,12 @@ class Backend:
                     break
                 line += chunk
         await stdout.aclose()
-        if self.name == "bwrap":  # bwrap's child is the helper (--as-pid-1)
-            handle.extra["helper_host_pid"] = _first_child(handle.process.pid)
         if not line.startswith(b"READY "):
             why = f"no answer within {self.start_timeout_s:.0f} s" if scope.cancelled_caught \
                 else "it exited"
             raise SandboxStartError(f"{self.name} sandbox helper did not start ({why}): "
                                     f"{_log_tail(dirs.log_path)}")
+        handle.helper_pid = self._helper_pid(handle)
 
     # ----- teardown --------------------------------------------------------------------
     async def _teardown(self, handle: Handle) -> None:
@@ -237,8 +324,8 @@ class Backend:
         if proc is not None:
             with trio.move_on_after(2.0):
                 await proc.wait()
-        inner = handle.extra.get("helper_host_pid")  # set by bwrap only
-        if inner is not None:
+        inner = handle.helper_pid
+        if inner is not None and proc is not None and inner != proc.pid:
             # The helper dies with bwrap (PDEATHSIG); once it is gone or a zombie, the
             # kernel has killed its PID namespace: nothing of the sandbox is left.
             for _ in range(1000):  # at most ~2 s
@@ -249,8 +336,7 @@ class Backend:
             await self._finish(handle)
         if not self.isolated:
             kill_marked(f"{MARKER_NAME}={handle.dirs.marker}".encode())
-        if handle.plan is not None:
-            await Limits.release(handle.plan.cgroup)
+        await Limits.release(handle.cgroup)
         for point in handle.mounted:
             _umount(point)
         handle.mounted.clear()
@@ -282,7 +368,17 @@ class Backend:
     def statistics(self) -> dict[str, Any]:
         return {"backend": self.name, "live": len(self.live), "opened": self.opened,
                 "closed": self.closed, "start_failures": self.start_failures,
+                "spares": len(self._spares), "spare_hits": self.spare_hits,
+                "spare_misses": self.spare_misses,
                 "limits_mechanism": self.limits.kind, "isolated": self.isolated}
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 def _release_sync(handle: Handle) -> None:
@@ -293,7 +389,7 @@ def _release_sync(handle: Handle) -> None:
     handle.dirs.release()
 
 
-def _first_child(pid: int) -> int | None:
+def first_child(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
             children = f.read().split()

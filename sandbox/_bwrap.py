@@ -21,7 +21,7 @@ import subprocess
 import sys
 from typing import Any, ClassVar
 
-from ._backend import Backend, Handle
+from ._backend import Backend, Handle, first_child
 from ._exceptions import SandboxStartError
 from ._models import SandboxSpec
 
@@ -59,17 +59,27 @@ class BwrapBackend(Backend):
                                     f"{probe.stderr.decode(errors='replace').strip()} "
                                     "(are unprivileged user namespaces enabled?)")
 
-    def _command(self, spec: SandboxSpec, handle: Handle, helper: list[str]) -> list[str]:
-        return [*bwrap_argv(self.bwrap, spec, handle, state_dir=str(self.layout.state_dir),
-                            lib_dir=str(self.layout.lib_dir()), hide_paths=self.hide_paths,
-                            tmp_size_mb=spec.disk_mb or self.tmp_size_mb), *helper]
+    def _helper_pid(self, handle: Handle) -> int | None:
+        # bwrap's only child is the helper: the PID namespace's init (--as-pid-1)
+        return first_child(handle.process.pid) if handle.process is not None else None
+
+    def _command(self, spec: SandboxSpec | None, handle: Handle, helper: list[str]) -> list[str]:
+        # The options depend on the spec, so they come after the launcher's go (--args 0).
+        return [self.bwrap, "--args", "0", "--", *helper]
+
+    def _command_input(self, spec: SandboxSpec, handle: Handle) -> bytes:
+        options = bwrap_options(spec, handle, state_dir=str(self.layout.state_dir),
+                                lib_dir=str(self.layout.lib_dir()), hide_paths=self.hide_paths,
+                                tmp_size_mb=spec.disk_mb or self.tmp_size_mb)
+        return b"".join(os.fsencode(arg) + b"\0" for arg in options)
 
 
-def bwrap_argv(bwrap: str, spec: SandboxSpec, handle: Handle, *, state_dir: str, lib_dir: str,
-               hide_paths: tuple[str, ...] = (), tmp_size_mb: int | None = None) -> list[str]:
-    """The bwrap command line up to (and including) ``--``; the helper argv follows."""
+def bwrap_options(spec: SandboxSpec, handle: Handle, *, state_dir: str, lib_dir: str,
+                  hide_paths: tuple[str, ...] = (), tmp_size_mb: int | None = None) -> list[str]:
+    """bwrap's options for one sandbox (what its launcher sends it; ``--`` and the
+    helper's argv are on its command line)."""
     dirs = handle.dirs
-    argv = [bwrap, *host_root_args(), "--dev", "/dev", "--proc", "/proc"]
+    argv = [*host_root_args(), "--dev", "/dev", "--proc", "/proc"]
     if os.geteuid() == 0:
         # As root the sandbox's uid 0 *is* host root, and procfs checks sysctl writes by
         # uid, not by capability: without this, `echo x > /proc/sys/kernel/core_pattern`
@@ -102,7 +112,7 @@ def bwrap_argv(bwrap: str, spec: SandboxSpec, handle: Handle, *, state_dir: str,
     if spec.network:
         argv += ["--share-net"]
     argv += ["--as-pid-1", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
-             "--hostname", "sandbox", "--chdir", spec.workdir, "--"]
+             "--hostname", "sandbox", "--chdir", spec.workdir]
     return argv
 
 

@@ -17,13 +17,17 @@ import trio
 
 
 class ChildProcess:
-    """The few things the backends need of a child: pid, stdout, wait, returncode."""
+    """The few things the backends need of a child: pid, stdin, stdout, wait, returncode."""
 
     def __init__(self, popen: subprocess.Popen[bytes]) -> None:
         self._popen = popen
         self.pid = popen.pid
         self._pidfd: int | None = os.pidfd_open(popen.pid)
+        self.stdin: trio.lowlevel.FdStream | None = None
         self.stdout: trio.lowlevel.FdStream | None = None
+        if popen.stdin is not None:
+            self.stdin = trio.lowlevel.FdStream(os.dup(popen.stdin.fileno()))
+            popen.stdin.close()
         if popen.stdout is not None:
             self.stdout = trio.lowlevel.FdStream(os.dup(popen.stdout.fileno()))
             popen.stdout.close()

@@ -1,7 +1,7 @@
 """The in-sandbox helper: the first process of every sandbox.
 
-Run as ``python -I -S _helper.py CONFIG_JSON``. It listens on a Unix socket in the control
-dir and answers one request per connection. It spawns every process of the sandbox (on a
+Run as ``python -I -S _helper.py CONFIG_PATH`` (a JSON file it reads and removes). It
+listens on a Unix socket in the control dir and answers one request per connection. It spawns every process of the sandbox (on a
 pty through ptyprocess, whose master fd goes back to the daemon with SCM_RIGHTS, or on
 pipes), reaps its children, reports exits, signals process groups, runs commands with
 bounded head+tail capture, and does file operations with paths resolved here, inside the
@@ -288,7 +288,6 @@ class Helper:
         self.sel.register(self.wake_r, READ, ("wake", None))
         os.write(1, f"READY {os.getpid()}\n".encode())
         null = os.open(os.devnull, os.O_RDWR)
-        os.dup2(null, 0)
         os.dup2(null, 1)
         os.close(null)
 
@@ -930,7 +929,15 @@ def file_type(mode):
 
 
 def main():
-    cfg = json.loads(sys.argv[1])
+    # stdin is the launcher's pipe, or closed (bwrap closes the fd it read its options
+    # from): /dev/null there before any fd is made, or the next one would be fd 0.
+    null = os.open(os.devnull, os.O_RDONLY)
+    if null != 0:
+        os.dup2(null, 0)
+        os.close(null)
+    with open(sys.argv[1], "rb") as f:  # written by the daemon just before the start
+        cfg = json.loads(f.read())
+    os.unlink(sys.argv[1])
     for path in cfg.get("sys_path", []):
         sys.path.insert(0, path)
     helper = Helper(cfg)

@@ -134,6 +134,7 @@ class LimitPlan:
         return ["/bin/sh", "-c", script + ' && exec "$@"', "sh"]
 
 
+
 class Limits:
     """Detects the limit mechanism and creates per-sandbox cgroups.
 
@@ -215,9 +216,30 @@ class Limits:
             return Cgroup(1, [root / boot_tag / sandbox_id for root in self.v1_roots.values()])
         return None
 
-    def create(self, boot_tag: str, sandbox_id: str, spec: SandboxSpec) -> LimitPlan:
-        mech = {"memory": "off", "pids": "off", "cpu": "off"}
+    def reserve(self, boot_tag: str, sandbox_id: str) -> Cgroup | None:
+        """Make a sandbox's cgroup (no limits yet); None when limits are rlimits."""
         cgroup = self.cgroup_for(boot_tag, sandbox_id)
+        if cgroup is None:
+            return None
+        try:
+            for d in cgroup.dirs:
+                for attempt in range(5):  # a closing sandbox may remove the empty parent
+                    d.parent.mkdir(exist_ok=True)
+                    try:
+                        d.mkdir()
+                        break
+                    except FileNotFoundError:
+                        if attempt == 4:
+                            raise
+        except OSError as exc:
+            cgroup.remove()
+            raise SandboxStartError(f"cannot set up cgroup for sandbox {sandbox_id}: {exc}") from exc
+        return cgroup
+
+    def create(self, cgroup: Cgroup | None, spec: SandboxSpec) -> LimitPlan:
+        """The sandbox's plan: the spec's limits written to its ``reserve``d cgroup, or
+        (no cgroup) the rlimits the helper sets on itself."""
+        mech = {"memory": "off", "pids": "off", "cpu": "off"}
         if cgroup is None:
             rlimits = {"RLIMIT_CORE": 0, "RLIMIT_NOFILE": NOFILE_MAX}
             if spec.memory_mb:
@@ -230,19 +252,10 @@ class Limits:
                 mech["cpu"] = "unenforced"
             return LimitPlan(mech, None, rlimits)
         try:
-            for d in cgroup.dirs:
-                for attempt in range(5):  # a closing sandbox may remove the empty parent
-                    d.parent.mkdir(exist_ok=True)
-                    try:
-                        d.mkdir()
-                        break
-                    except FileNotFoundError:
-                        if attempt == 4:
-                            raise
             self._apply(cgroup, spec, mech)
         except OSError as exc:
-            cgroup.remove()
-            raise SandboxStartError(f"cannot set up cgroup for sandbox {sandbox_id}: {exc}") from exc
+            raise SandboxStartError(f"cannot set the sandbox's limits in {cgroup.dirs[0]}: "
+                                    f"{exc}") from exc
         return LimitPlan(mech, cgroup, {"RLIMIT_CORE": 0, "RLIMIT_NOFILE": NOFILE_MAX})
 
     def _apply(self, cgroup: Cgroup, spec: SandboxSpec, mech: dict[str, str]) -> None:

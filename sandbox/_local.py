@@ -32,8 +32,11 @@ class LocalBackend(Backend):
     def _parent_death(self) -> bool:
         return True
 
-    def _command(self, spec: SandboxSpec, handle: Handle, helper: list[str]) -> list[str]:
+    def _command(self, spec: SandboxSpec | None, handle: Handle, helper: list[str]) -> list[str]:
+        return helper
+
+    def _command_input(self, spec: SandboxSpec, handle: Handle) -> bytes:
         log.warning("sandbox %s uses the LOCAL backend: no isolation (development only)",
                     handle.dirs.id)
         handle.dirs.tmp.mkdir(exist_ok=True)
-        return helper
+        return b""

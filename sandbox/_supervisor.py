@@ -62,11 +62,12 @@ class SandboxSupervisor:
         earlier boots, then serve until cancelled; on the way out every live sandbox is
         torn down (shielded, bounded)."""
         default = await self._backend(self.default_backend)
-        for backend in self._backends.values():
-            self.swept += await backend.sweep()
-        if default.name == "local":
-            log.warning("sandbox backend is LOCAL: no isolation; for development only")
         try:
+            for backend in self._backends.values():
+                self.swept += await backend.sweep()
+            if default.name == "local":
+                log.warning("sandbox backend is LOCAL: no isolation; for development only")
+            default.warm_up()
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 if self.pool_size > 0:
@@ -76,6 +77,8 @@ class SandboxSupervisor:
         finally:
             self._nursery = None
             self._pool.clear()
+            for backend in self._backends.values():
+                await backend.aclose()  # its spare launchers (shielded, bounded)
 
     async def _backend(self, name: str) -> Backend:
         backend = self._backends.get(name)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -58,10 +58,22 @@ GOOD = "printf 'print(sum(map(int, input().split())))\\n' > solution.py; echo wr
 
 # ---- observers -----------------------------------------------------------------------
 
-def sandbox_dirs(state_dir: Path) -> list[Path]:
-    """Sandbox dirs (``<state>/sandboxes/sandboxes/<boot tag>/<id>``) of any boot."""
+def sandbox_dirs(state_dir: Path, *, spares: bool = False) -> list[Path]:
+    """Sandbox dirs (``<state>/sandboxes/sandboxes/<boot tag>/<id>``) of any boot; the
+    dirs reserved by parked spare launchers only with ``spares``."""
     root = state_dir / "sandboxes" / "sandboxes"
-    return sorted(p for p in root.glob("*/*")) if root.exists() else []
+    found = sorted(p for p in root.glob("*/*")) if root.exists() else []
+    return found if spares else [p for p in found if not is_spare(p)]
+
+
+def is_spare(sandbox_dir: Path) -> bool:
+    """Whether a sandbox dir belongs to a live parked launcher (not yet a sandbox)."""
+    try:
+        pid = int((sandbox_dir / "pid").read_text().split()[0])
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"\0rolloutd-launcher\0" in f.read()
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 def mounts_under(path: Path) -> list[str]:
@@ -69,8 +81,9 @@ def mounts_under(path: Path) -> list[str]:
         return [line.split()[4] for line in f if line.split()[4].startswith(str(path))]
 
 
-def cgroup_dirs(tag: str) -> list[Path]:
-    """Sandbox cgroups of boot ``tag`` left in any hierarchy (v1 or v2) below our cgroup."""
+def cgroup_dirs(tag: str, *, ignore: Collection[str] = ()) -> list[Path]:
+    """Sandbox cgroups of boot ``tag`` left in any hierarchy (v1 or v2) below our cgroup,
+    but those of the sandbox ids in ``ignore``."""
     own: dict[str, str] = {}
     with open("/proc/self/cgroup") as f:
         for line in f:
@@ -89,7 +102,7 @@ def cgroup_dirs(tag: str) -> list[Path]:
     for base in candidates:
         d = base / "rolloutd" / tag
         if d.is_dir():
-            found.append(d)
+            found += [c for c in d.iterdir() if c.is_dir() and c.name not in ignore]
     return found
 
 
@@ -278,11 +291,15 @@ def short_dir(prefix: str = "rlh") -> Path:
 async def assert_clean(daemon: Daemon, *, tag: str | None = None) -> None:
     """No sandbox process, sandbox dir or mount of this daemon is left (after a grace)."""
     tag = tag or daemon.tag
+
+    def spares() -> set[str]:  # a running daemon's parked launchers are not leaks
+        return {p.name for p in sandbox_dirs(daemon.state_dir, spares=True) if is_spare(p)}
+
     with trio.move_on_after(10):
         while (sandbox_pids(tag) or sandbox_dirs(daemon.state_dir) or mounts_under(daemon.state_dir)
-               or cgroup_dirs(tag)):
+               or cgroup_dirs(tag, ignore=spares())):
             await trio.sleep(0.1)
     assert sandbox_pids(tag) == [], "sandbox processes leaked"
-    assert cgroup_dirs(tag) == [], "sandbox cgroups leaked"
+    assert cgroup_dirs(tag, ignore=spares()) == [], "sandbox cgroups leaked"
     assert sandbox_dirs(daemon.state_dir) == [], "sandbox dirs leaked"
     assert mounts_under(daemon.state_dir) == [], "mounts leaked"

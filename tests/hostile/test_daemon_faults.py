@@ -78,7 +78,7 @@ async def test_sigkill_with_live_sandboxes_then_restart(root: Path) -> None:
                 while not any(b"sleep" in _cmdline(p) for p in sandbox_pids(first.tag)):
                     await trio.sleep(0.1)
         old_tag = first.tag
-        assert len(sandbox_dirs(first.state_dir)) == 4
+        assert len(sandbox_dirs(first.state_dir)) >= 4  # and any parked spare launchers'
         first.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
         await first.stop()
     finally:
@@ -88,11 +88,12 @@ async def test_sigkill_with_live_sandboxes_then_restart(root: Path) -> None:
     with trio.fail_after(10):
         while sandbox_pids(old_tag):
             await trio.sleep(0.1)
-    assert len(sandbox_dirs(first.state_dir)) == 4  # left for the next daemon's sweep
+    assert len(sandbox_dirs(first.state_dir)) >= 4  # left for the next daemon's sweep
 
     second = Daemon(root / "state", backends=[SCRIPTED])
     async with running(second):
-        assert sandbox_dirs(second.state_dir) == [] and cgroup_dirs(old_tag) == []
+        assert [d for d in sandbox_dirs(second.state_dir) if d.parent.name == old_tag] == []
+        assert cgroup_dirs(old_tag) == []
         async with second.client() as h:
             st = (await h.get("/v1/status")).json()
             assert st["sandboxes"]["swept"] >= 4
