@@ -54,6 +54,26 @@ async def test_run_captures_exit_code_stdout_stderr(backend, base_spec):
             await sb.run(["/no/such/binary"], timeout_s=10)
 
 
+async def test_commands_start_clean_in_both_spawn_paths(backend, base_spec):
+    """In the workdir or elsewhere, a command leads its own session with no signal ignored
+    or blocked (posix_spawn would leave glibc's internal signals 32 and 33 ignored, hence
+    fork+exec), and a missing or non-executable program is the matching OSError."""
+    probe = ["sh", "-c", "grep -E '^Sig(Ign|Blk)' /proc/$$/status; "
+             "cut -d' ' -f6 /proc/$$/stat; echo $$"]
+    async with backend.open(base_spec) as sb:
+        await sb.mkdir("sub")
+        await sb.write_file("sub/script", b"#!/bin/sh\necho hi\n", mode=0o644)
+        for cwd in (None, "sub"):
+            r = await sb.run(probe, timeout_s=10, cwd=cwd)
+            ign, blk, sid, pid = r.stdout.decode().split("\n")[:4]
+            assert ign.split()[1] == blk.split()[1] == "0000000000000000", (cwd, r.stdout)
+            assert sid == pid, (cwd, r.stdout)  # a session of its own
+            with pytest.raises(FileNotFoundError):
+                await sb.run(["no-such-program"], timeout_s=10, cwd=cwd)
+            with pytest.raises(PermissionError):
+                await sb.run([f"{sb.workdir}/sub/script"], timeout_s=10, cwd=cwd)
+
+
 async def test_run_timeout_kills_the_whole_tree(backend, base_spec, leak_check):
     async with backend.open(base_spec) as sb:
         r = await sb.run(["sh", "-c", "setsid sleep 300 & sleep 300 & echo started; sleep 300"],
