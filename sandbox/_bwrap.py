@@ -28,8 +28,10 @@ from ._models import SandboxSpec
 # Top-level host entries not shown as they are: fresh mounts replace them.
 NOT_BOUND = frozenset({"proc", "dev", "tmp", "run", "lost+found"})
 #: Host-wide writable knobs in a fresh /proc, bound read-only when the daemon runs as root.
-PROC_READONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs",
-                 "/proc/acpi", "/proc/kcore", "/proc/timer_list", "/proc/sched_debug")
+#: bwrap itself covers /proc/irq and /proc/bus (each bind costs bwrap a mount table scan),
+#: but not /proc/sys: its check of that directory fails, so it is left writable.
+PROC_READONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/fs", "/proc/acpi", "/proc/kcore",
+                 "/proc/timer_list", "/proc/sched_debug")
 # Host files never shown inside (masked with /dev/null when they exist).
 HIDDEN_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-")
 
@@ -79,14 +81,7 @@ def bwrap_options(spec: SandboxSpec, handle: Handle, *, state_dir: str, lib_dir:
     """bwrap's options for one sandbox (what its launcher sends it; ``--`` and the
     helper's argv are on its command line)."""
     dirs = handle.dirs
-    argv = [*host_root_args(), "--dev", "/dev", "--proc", "/proc"]
-    if os.geteuid() == 0:
-        # As root the sandbox's uid 0 *is* host root, and procfs checks sysctl writes by
-        # uid, not by capability: without this, `echo x > /proc/sys/kernel/core_pattern`
-        # inside changed the host (bwrap 0.8 covers /proc/irq and /proc/bus only).
-        for path in PROC_READONLY:
-            if os.path.exists(path):
-                argv += ["--ro-bind", path, path]
+    argv = [*host_root_args(), "--dev", "/dev", "--proc", "/proc", *proc_readonly_args()]
     if tmp_size_mb:
         argv += ["--size", str(tmp_size_mb << 20)]
     fresh = ("/tmp", "/dev/shm", "/run")
@@ -100,10 +95,8 @@ def bwrap_options(spec: SandboxSpec, handle: Handle, *, state_dir: str, lib_dir:
     argv += ["--tmpfs", state_dir]
     for path in hide_paths:
         argv += ["--tmpfs", path]
-    for path in HIDDEN_FILES:
-        if os.path.exists(path):
-            argv += ["--ro-bind", "/dev/null", path]
-    argv += ["--ro-bind", lib_dir, lib_dir,
+    argv += [*hidden_file_args(),
+             "--ro-bind", lib_dir, lib_dir,
              "--bind", str(dirs.control), str(dirs.control),
              "--bind", str(dirs.workspace), spec.workdir]
     for bind in spec.binds:
@@ -132,6 +125,24 @@ def python_paths(hidden: tuple[str, ...]) -> tuple[str, ...]:
         if not any(path.startswith(top + "/") for top in outermost):
             outermost.append(path)
     return tuple(outermost)
+
+
+@functools.cache
+def proc_readonly_args() -> tuple[str, ...]:
+    """As root the sandbox's uid 0 *is* host root, and procfs checks sysctl writes by uid,
+    not by capability: without these binds, `echo x > /proc/sys/kernel/core_pattern`
+    inside changed the host."""
+    if os.geteuid() != 0:
+        return ()
+    return tuple(arg for path in PROC_READONLY if os.path.exists(path)
+                 for arg in ("--ro-bind", path, path))
+
+
+@functools.cache
+def hidden_file_args() -> tuple[str, ...]:
+    """/dev/null over the host files the sandbox must not read (those that exist)."""
+    return tuple(arg for path in HIDDEN_FILES if os.path.exists(path)
+                 for arg in ("--ro-bind", "/dev/null", path))
 
 
 @functools.cache

@@ -244,6 +244,9 @@ async def test_writes_to_the_host_fail(bwrap: Any, state_dir: Path) -> None:
         # as root this succeeded before /proc/sys was bound read-only (sandbox/_bwrap.py).
         script += ('; v=$(cat /proc/sys/kernel/core_pattern); '
                    '(echo "$v" > /proc/sys/kernel/core_pattern) 2>/dev/null && echo WROTE sysctl')
+        # /proc/irq is bwrap's own to cover (we no longer bind it): still read-only
+        script += ('; v=$(cat /proc/irq/default_smp_affinity 2>/dev/null) && '
+                   '(echo "$v" > /proc/irq/default_smp_affinity) 2>/dev/null && echo WROTE irq')
         # The state dir is hidden under a tmpfs of the sandbox's own: a write lands there.
         script += f"; echo x > {state_dir}/evil"
         r = await sb.run(["sh", "-c", script + "; echo done"], timeout_s=20)
