@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import shlex
 import signal
 import subprocess
@@ -71,6 +72,12 @@ class Launcher:
             os.close(log_fd)
         dirs.write_pid(process.pid)
         return cls(dirs, cgroup_dirs, process)
+
+    def set_rlimits(self, limits: dict[str, int]) -> None:
+        """Set resource limits (``{"RLIMIT_NOFILE": 4096, ...}``, soft = hard) on the parked
+        launcher: what it execs, and everything that starts, inherits them."""
+        for name, value in limits.items():
+            resource.prlimit(self.process.pid, getattr(resource, name), (value, value))
 
     async def go(self, data: bytes = b"") -> None:
         """Let the launcher exec its command; ``data`` follows on its stdin (bwrap's

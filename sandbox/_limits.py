@@ -6,7 +6,8 @@ hierarchy used, so limits set above the daemon keep applying. A cgroup also give
 fork-race-free kill of the whole sandbox (``cgroup.kill`` on v2, a kill loop on v1).
 Without a writable cgroup, the helper sets rlimits on itself (inherited by everything it
 spawns): RLIMIT_AS for memory, RLIMIT_NPROC for pids (per user, and ignored for root),
-nothing for cpu. ``LimitPlan.mechanisms`` says which is in force for each resource.
+nothing for cpu. Every sandbox also gets RLIMIT_CORE 0 and RLIMIT_NOFILE 4096
+(``LimitPlan.inherited``), set on its first process. ``LimitPlan.mechanisms`` says which is in force for each resource.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ _CPU_PERIOD_US = 100_000
 #: Open files per sandbox process (RLIMIT_NOFILE): bounds the kernel memory an fd flood can
 #: pin, which no memory cgroup v1 counts (tests/hostile/test_containment.py).
 NOFILE_MAX = 4096
+INHERITED = {"RLIMIT_CORE": 0, "RLIMIT_NOFILE": NOFILE_MAX}
 
 
 def _write(path: Path, value: str) -> None:
@@ -124,7 +126,9 @@ class LimitPlan:
 
     mechanisms: dict[str, str]
     cgroup: Cgroup | None = None
-    rlimits: dict[str, int] = field(default_factory=dict)
+    rlimits: dict[str, int] = field(default_factory=dict)  # the helper sets these on itself
+    #: for every process of the sandbox; set on its first process (any ancestor will do)
+    inherited: dict[str, int] = field(default_factory=lambda: dict(INHERITED))
 
     def exec_prefix(self) -> list[str]:
         """argv prefix that moves the started process into the cgroup before exec."""
@@ -241,7 +245,7 @@ class Limits:
         (no cgroup) the rlimits the helper sets on itself."""
         mech = {"memory": "off", "pids": "off", "cpu": "off"}
         if cgroup is None:
-            rlimits = {"RLIMIT_CORE": 0, "RLIMIT_NOFILE": NOFILE_MAX}
+            rlimits = {}
             if spec.memory_mb:
                 rlimits["RLIMIT_AS"] = spec.memory_mb << 20
                 mech["memory"] = "rlimit-as"
@@ -256,7 +260,7 @@ class Limits:
         except OSError as exc:
             raise SandboxStartError(f"cannot set the sandbox's limits in {cgroup.dirs[0]}: "
                                     f"{exc}") from exc
-        return LimitPlan(mech, cgroup, {"RLIMIT_CORE": 0, "RLIMIT_NOFILE": NOFILE_MAX})
+        return LimitPlan(mech, cgroup)
 
     def _apply(self, cgroup: Cgroup, spec: SandboxSpec, mech: dict[str, str]) -> None:
         if cgroup.version == 2:

@@ -102,11 +102,16 @@ def backend_name(request) -> str:
 
 
 @pytest.fixture
-def backend(backend_name, state_dir, boot_id, leak_check):
-    options = {}
+async def backend(backend_name, state_dir, boot_id, leak_check):
+    """The backend as the daemon runs it: one spare launcher parked where it can be
+    (so tests cover both paths: a parked launcher, and one started on demand)."""
+    options: dict = {"spares": 1}
     if backend_name == "apptainer":
         options["image_cache_dir"] = str(state_dir / "images")
-    return open_backend(backend_name, state_dir=state_dir, boot_id=boot_id, check=True, **options)
+    backend = open_backend(backend_name, state_dir=state_dir, boot_id=boot_id, check=True,
+                           **options)
+    yield backend
+    await backend.aclose()
 
 
 @pytest.fixture

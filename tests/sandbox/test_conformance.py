@@ -57,7 +57,8 @@ async def test_run_captures_exit_code_stdout_stderr(backend, base_spec):
 async def test_commands_start_clean_in_both_spawn_paths(backend, base_spec):
     """In the workdir or elsewhere, a command leads its own session with no signal ignored
     or blocked (posix_spawn would leave glibc's internal signals 32 and 33 ignored, hence
-    fork+exec), and a missing or non-executable program is the matching OSError."""
+    fork+exec) and the sandbox's rlimits, and a missing or non-executable program is the
+    matching OSError."""
     probe = ["sh", "-c", "grep -E '^Sig(Ign|Blk)' /proc/$$/status; "
              "cut -d' ' -f6 /proc/$$/stat; echo $$"]
     async with backend.open(base_spec) as sb:
@@ -68,6 +69,8 @@ async def test_commands_start_clean_in_both_spawn_paths(backend, base_spec):
             ign, blk, sid, pid = r.stdout.decode().split("\n")[:4]
             assert ign.split()[1] == blk.split()[1] == "0000000000000000", (cwd, r.stdout)
             assert sid == pid, (cwd, r.stdout)  # a session of its own
+            r = await sb.run(["sh", "-c", "ulimit -n; ulimit -c"], timeout_s=10, cwd=cwd)
+            assert r.stdout == b"4096\n0\n"  # RLIMIT_NOFILE and RLIMIT_CORE for every process
             with pytest.raises(FileNotFoundError):
                 await sb.run(["no-such-program"], timeout_s=10, cwd=cwd)
             with pytest.raises(PermissionError):
