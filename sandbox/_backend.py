@@ -60,7 +60,6 @@ class Handle:
     cgroup: Cgroup | None = None
     plan: LimitPlan | None = None
     launcher: Launcher | None = None
-    helper_pid: int | None = None  # on the host; the launcher's own pid unless it forks
     mounted: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     torn_down: bool = False
@@ -315,7 +314,6 @@ class Backend:
                 else "it exited"
             raise SandboxStartError(f"{self.name} sandbox helper did not start ({why}): "
                                     f"{_log_tail(dirs.log_path)}")
-        handle.helper_pid = self._helper_pid(handle)
 
     # ----- teardown --------------------------------------------------------------------
     async def _teardown(self, handle: Handle) -> None:
@@ -323,7 +321,9 @@ class Backend:
             return
         handle.torn_down = True
         proc = handle.process
+        inner = None
         if proc is not None and proc.returncode is None:
+            inner = self._helper_pid(handle)  # now, while the wrapper still has it
             with trio.move_on_after(1.0):
                 with contextlib.suppress(SandboxClosed, OSError):
                     await HelperClient(handle.dirs.socket_path).call("shutdown")
@@ -332,7 +332,6 @@ class Backend:
         if proc is not None:
             with trio.move_on_after(2.0):
                 await proc.wait()
-        inner = handle.helper_pid
         if inner is not None and proc is not None and inner != proc.pid:
             # The helper dies with bwrap (PDEATHSIG); once it is gone or a zombie, the
             # kernel has killed its PID namespace: nothing of the sandbox is left.

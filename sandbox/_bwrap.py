@@ -25,8 +25,11 @@ from ._backend import Backend, Handle, first_child
 from ._exceptions import SandboxStartError
 from ._models import SandboxSpec
 
-# Top-level host entries not shown as they are: fresh mounts replace them.
-NOT_BOUND = frozenset({"proc", "dev", "tmp", "run", "lost+found"})
+# Top-level host entries not shown as they are: fresh mounts replace proc, dev, tmp and
+# run; boot (the host's kernels and their config, a map for kernel exploits), media
+# (removable media) and srv (data this host serves) have no place in a sandbox (a task that
+# wants one binds it), and each bind costs bwrap a scan of the mount table.
+NOT_BOUND = frozenset({"proc", "dev", "tmp", "run", "lost+found", "boot", "media", "srv"})
 #: Host-wide writable knobs in a fresh /proc, bound read-only when the daemon runs as root.
 #: bwrap itself covers /proc/irq and /proc/bus (each bind costs bwrap a mount table scan),
 #: but not /proc/sys: its check of that directory fails, so it is left writable.
