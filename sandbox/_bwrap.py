@@ -143,8 +143,10 @@ def proc_readonly_args() -> tuple[str, ...]:
 
 @functools.cache
 def hidden_file_args() -> tuple[str, ...]:
-    """/dev/null over the host files the sandbox must not read (those that exist)."""
-    return tuple(arg for path in HIDDEN_FILES if os.path.exists(path)
+    """/dev/null over the host files the sandbox must not read: those this process can
+    read (the sandbox runs with its uid and groups and no capabilities, so a file we
+    cannot read needs no mask: no bind for a rootless daemon)."""
+    return tuple(arg for path in HIDDEN_FILES if os.access(path, os.R_OK)
                  for arg in ("--ro-bind", "/dev/null", path))
 
 
