@@ -1,11 +1,14 @@
 """The backend base class: the open/teardown protocol every backend shares.
 
-Opening a sandbox: make its dirs (lock held), create its cgroup (or plan rlimits), start
-the backend's wrapper with the helper as its command, wait for the helper's ``READY``
-line, yield a Sandbox. Teardown (shielded, bounded, idempotent): ask the helper to kill
-everything, SIGKILL the wrapper's process group, reap it, kill and remove the cgroup,
-unmount, remove the dirs. The backend-specific part is ``_command`` (and the optional
-``_prepare``/``_finish`` hooks that Apptainer uses for its instance).
+Opening a sandbox: take a parked launcher (its dirs, lock held, and its cgroup reserved)
+or make them and start one (_launcher.py), write the spec's limits to the cgroup and the
+helper's config to the control dir, tell the launcher to go (it execs the backend's
+wrapper, which starts the helper), wait for the helper's ``READY`` line, yield a Sandbox.
+Teardown (shielded, bounded, idempotent): ask the helper to kill everything, SIGKILL the
+wrapper's process group, reap it, kill and remove the cgroup, unmount, remove the dirs;
+then park a launcher for the next open. The backend-specific part is ``_command`` and
+``_command_input`` (and the optional ``_prepare``/``_finish`` hooks that Apptainer uses
+for its instance).
 """
 
 from __future__ import annotations
@@ -205,7 +208,8 @@ class Backend:
             _write_private(dirs.control / CONFIG_NAME, json.dumps(cfg).encode())
             await self._prepare(spec, handle)
             if handle.launcher is None:
-                self.spare_misses += 1 if self.spares else 0
+                if self.spares:
+                    self.spare_misses += 1
                 handle.launcher = self._launcher(handle, spec)
             if self.parkable:  # the launcher is the helper's ancestor: set them there
                 handle.launcher.set_rlimits(handle.plan.inherited)

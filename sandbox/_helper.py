@@ -127,10 +127,18 @@ def exit_code(status):
     return os.waitstatus_to_exitcode(status)
 
 
+#: Every signal a child gets back at its default: Python ignores SIGPIPE and SIGXFSZ, and
+#: the daemon may have been started with some ignored (nohup, a CI runner), which a child
+#: would inherit. (glibc's internal signals 32 and 33 are not valid_signals().)
+RESET_SIGNALS = tuple(sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}))
+
+
 def restore_signals():
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD,
-                signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_DFL)
+    for sig in RESET_SIGNALS:
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
@@ -253,6 +261,7 @@ class Helper:
         self.marker_name = cfg.get("marker_name", "ROLLOUTD_SANDBOX")
         self.marker_value = cfg.get("marker_value", "")
         self.roots = [os.path.realpath(r) for r in cfg.get("roots", [self.workdir])]
+        self.cwd = None  # the workdir once the helper is in it
         self.procs = {}
         self.exited = {}
         self.runs = []
@@ -264,6 +273,11 @@ class Helper:
 
     # ----- start-up --------------------------------------------------------------------
     def start(self):
+        try:  # bwrap starts us there already; local in the sandbox's dir
+            os.chdir(self.workdir)
+            self.cwd = self.workdir
+        except OSError:
+            self.cwd = None
         self.apply_rlimits(self.cfg.get("rlimits") or {})
         if self.cfg.get("parent_death"):
             self.set_parent_death()
@@ -465,6 +479,18 @@ class Helper:
 
     def fork_exec(self, argv, env, cwd, fd0, fd1, fd2):
         program = which(argv[0], env.get("PATH"), cwd)
+        if cwd == self.cwd and same_dir(".", cwd):
+            # posix_spawn: vfork and exec, no copy of our page tables (~0.4 ms less per
+            # command). Python 3.11's cannot chdir, hence only in our own cwd. Like every
+            # posix_spawn'd process on glibc, the child starts with glibc's two internal
+            # signals (32, 33) ignored; the standard ones are at their defaults.
+            actions = [(os.POSIX_SPAWN_DUP2, fd, target)
+                       for target, fd in ((0, fd0), (1, fd1), (2, fd2))]
+            try:
+                return os.posix_spawn(program, argv, env, file_actions=actions, setsid=True,
+                                      setsigdef=RESET_SIGNALS, setsigmask=())
+            except OSError as exc:
+                raise Refused("SpawnError", str(exc), exc.errno or 0) from None
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
         if pid == 0:
@@ -894,6 +920,13 @@ class Helper:
         finally:
             os.close(dfd)
         return {}, b"", ()
+
+
+def same_dir(a, b):
+    try:
+        return os.path.samestat(os.stat(a), os.stat(b))
+    except OSError:
+        return False
 
 
 def which(name, path, cwd):
