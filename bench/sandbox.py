@@ -6,7 +6,8 @@
    fresh namespaces, mounts and helper every time), with the daemon's default
    ``sandbox_spares`` (launchers parked in fresh cgroups; the RESULT line) and with none
    (the open pays the kernel's cgroup move), plus the supervisor's warm pool (a
-   pre-opened bwrap sandbox handed out at once).
+   pre-opened bwrap sandbox handed out at once), and two floors measured alongside: bwrap
+   with the same layout running /bin/true, and the helper's interpreter doing nothing.
 2. N bwrap sandboxes open at once, each with a live bash on a pty: proportional set size
    (PSS, from /proc/PID/smaps_rollup) of every process they own, per sandbox.
 3. M bwrap open/close cycles (4 at a time, each runs a command and leaves a background
@@ -23,6 +24,7 @@ import os
 import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,6 +54,30 @@ async def open_latency(backend, n: int) -> list[float]:
             samples.append((time.perf_counter() - t0) * 1000)
             assert r.stdout == b"hi\n"
     return samples
+
+
+def floors(backend, n: int) -> dict[str, list[float]]:
+    """What a cold open cannot go below on this machine today (run in a thread): bwrap
+    with the sandbox's own layout running /bin/true, and the helper's interpreter doing
+    nothing. Printed so a slow phase of a shared host shows as such."""
+    from sandbox._backend import Handle
+    from sandbox._bwrap import bwrap_options
+
+    dirs = backend.layout.new()
+    try:
+        options = bwrap_options(SandboxSpec(), Handle(dirs), state_dir=str(backend.layout.state_dir),
+                                lib_dir=str(backend.layout.lib_dir()))
+        commands = {"floor: bwrap, this layout, /bin/true": [backend.bwrap, *options, "--", "/bin/true"],
+                    "floor: helper's python -I -S -c pass": [backend.helper_python, "-I", "-S", "-c", "pass"]}
+        out: dict[str, list[float]] = {label: [] for label in commands}
+        for _ in range(n):
+            for label, argv in commands.items():
+                t0 = time.perf_counter()
+                subprocess.run(argv, check=True, stdin=subprocess.DEVNULL)
+                out[label].append((time.perf_counter() - t0) * 1000)
+        return out
+    finally:
+        dirs.release()
 
 
 async def pool_latency(state_dir: Path, n: int) -> list[float]:
@@ -222,6 +248,8 @@ async def main() -> None:
                      await open_latency(bare, args.latency_n)))
         pool = await pool_latency(root / "pool", args.latency_n)
         rows.append(("bwrap warm pool open+first command", pool))
+        floor = await trio.to_thread.run_sync(floors, backends["bwrap"], args.latency_n)
+        rows += list(floor.items())
         print(f"\n{'case':44} {'p50 ms':>8} {'p95 ms':>8} {'n':>5}")
         for label, samples in rows:
             print(f"{label:44} {statistics.median(samples):8.1f} {pct(samples, 0.95):8.1f} "
