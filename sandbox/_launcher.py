@@ -9,13 +9,14 @@ _child.py), recorded in the sandbox's pid file for the orphan sweep.
 
 Why not move bwrap into the cgroup when the sandbox opens: the first write to a
 ``cgroup.procs`` after an idle spell waits for an RCU grace period in the kernel
-(``cgroup_threadgroup_rwsem``; about 10 ms on this machine, v1 and v2 alike, unless
-cgroupfs is mounted with ``favordynmods``). A backend keeps ``spares`` launchers parked,
+(``cgroup_threadgroup_rwsem``, which v1 and v2 share; about 10 ms measured here on v1,
+unless cgroupfs is mounted with ``favordynmods``). A backend keeps ``spares`` launchers parked,
 each with its sandbox dirs and cgroup reserved, so that wait is paid before the request
 arrives; with none parked, one is started on demand and the wait is in the open, as before.
 
-If the daemon dies, a parked launcher reads EOF and exits; if it is killed, the sweep finds
-its reserved dirs by their free lock and kills the recorded pid.
+If the daemon dies, a parked launcher reads EOF and exits, and the next daemon's sweep
+removes its reserved dirs and cgroup like a sandbox's (by their free lock). A spare that
+died meanwhile is discarded at the next open.
 """
 
 from __future__ import annotations
