@@ -49,12 +49,9 @@ def launcher_argv(procs_files: Sequence[Path], command: Sequence[str]) -> list[s
 
 
 class Launcher:
-    """One parked launcher: its reserved dirs, its cgroup dirs (or none), its process."""
+    """One launcher process (its dirs and cgroup are the caller's ``Handle``'s)."""
 
-    def __init__(self, dirs: SandboxDirs, cgroup_dirs: list[Path] | None,
-                 process: ChildProcess) -> None:
-        self.dirs = dirs
-        self.cgroup_dirs = cgroup_dirs
+    def __init__(self, process: ChildProcess) -> None:
         self.process = process
         self.sent = False
 
@@ -72,7 +69,7 @@ class Launcher:
         finally:
             os.close(log_fd)
         dirs.write_pid(process.pid)
-        return cls(dirs, cgroup_dirs, process)
+        return cls(process)
 
     def set_rlimits(self, limits: dict[str, int]) -> None:
         """Set resource limits (``{"RLIMIT_NOFILE": 4096, ...}``, soft = hard) on the parked

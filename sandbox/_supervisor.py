@@ -86,6 +86,8 @@ class SandboxSupervisor:
             backend = open_backend(name, state_dir=self.state_dir, boot_id=self.boot_id,
                                    **self._options)
             await trio.to_thread.run_sync(backend.check)
+            # installs and byte-compiles the helper once (a subprocess): not on the loop
+            await trio.to_thread.run_sync(backend.layout.lib_dir)
             self._backends[name] = backend
         return backend
 

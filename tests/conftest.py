@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from sandbox._launcher import NAME as LAUNCHER
+
 
 def descendants(pid: int | None = None) -> list[tuple[int, str]]:
     """(pid, cmdline) of every live descendant of ``pid`` (default: this process)."""
@@ -39,7 +41,7 @@ def descendants(pid: int | None = None) -> list[tuple[int, str]]:
 
 #: A parked spare launcher (sandbox/_launcher.py) of a daemon that outlives the test (a
 #: module-scoped fixture) is that daemon's, not a leak; the daemon's shutdown removes it.
-SPARE_LAUNCHER = " rolloutd-launcher "
+SPARE_LAUNCHER = f" {LAUNCHER} "
 
 
 @pytest.fixture(autouse=True)

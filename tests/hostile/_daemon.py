@@ -24,6 +24,8 @@ from typing import Any
 import httpx
 import trio
 
+from sandbox._launcher import NAME as LAUNCHER
+from sandbox._limits import _own_cgroups
 from tests.sandbox.conftest import marked_pids as sandbox_pids
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,7 +73,7 @@ def is_spare(sandbox_dir: Path) -> bool:
     try:
         pid = int((sandbox_dir / "pid").read_text().split()[0])
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"\0rolloutd-launcher\0" in f.read()
+            return f"\0{LAUNCHER}\0".encode() in f.read()
     except (OSError, ValueError, IndexError):
         return False
 
@@ -84,12 +86,7 @@ def mounts_under(path: Path) -> list[str]:
 def cgroup_dirs(tag: str, *, ignore: Collection[str] = ()) -> list[Path]:
     """Sandbox cgroups of boot ``tag`` left in any hierarchy (v1 or v2) below our cgroup,
     but those of the sandbox ids in ``ignore``."""
-    own: dict[str, str] = {}
-    with open("/proc/self/cgroup") as f:
-        for line in f:
-            _, controllers, path = line.rstrip("\n").split(":", 2)
-            for name in controllers.split(",") if controllers else [""]:
-                own[name] = path
+    own = _own_cgroups()
     found = []
     fs = Path("/sys/fs/cgroup")
     candidates = [fs / own.get("", "/").lstrip("/")]
