@@ -142,8 +142,10 @@ def restore_signals():
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
-def scan_marked(marker):
-    """Pids whose initial environment carries ``marker`` (bytes, ``NAME=value``)."""
+def scan_marked(marker, unsure=None):
+    """Pids whose initial environment carries ``marker`` (bytes, ``NAME=value``). Live
+    processes whose environment reads empty go to ``unsure`` (a list) if given: a process
+    in the middle of an execve shows none for a moment."""
     me = os.getpid()
     found: list = []
     try:
@@ -160,20 +162,34 @@ def scan_marked(marker):
             continue
         if env.startswith(marker + b"\0") or (b"\0" + marker + b"\0") in env:
             found.append(int(name))
+        elif not env and unsure is not None and not is_zombie(name):
+            unsure.append(int(name))
     return found
 
 
+def is_zombie(pid):
+    try:
+        with open("/proc/" + str(pid) + "/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return True
+
+
 def kill_marked(marker, rounds=4):
-    """SIGKILL every process carrying ``marker``; repeat while new ones keep turning up."""
+    """SIGKILL every process carrying ``marker``; repeat while new ones keep turning up,
+    or while some process's environment could not be seen yet (mid-execve)."""
     for _ in range(rounds):
-        pids = scan_marked(marker)
-        if not pids:
+        unsure: list = []
+        pids = scan_marked(marker, unsure)
+        if not pids and not unsure:
             return
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        if unsure and not pids:
+            time.sleep(0.001)  # let an execve finish before looking again
 
 
 def killpg(pgid, sig=signal.SIGKILL):
