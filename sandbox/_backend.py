@@ -32,8 +32,9 @@ import trio
 
 from ._child import ChildProcess
 from ._exceptions import SandboxClosed, SandboxStartError
+from ._helper import kill_marked
 from ._launcher import Launcher
-from ._layout import Layout, SandboxDirs, kill_marked, kill_recorded, mounts_under
+from ._layout import Layout, SandboxDirs, kill_recorded, mounts_under
 from ._limits import Cgroup, LimitPlan, Limits
 from ._models import SandboxSpec
 from ._protocol import HelperClient
@@ -142,6 +143,10 @@ class Backend:
         """The helper's pid on the host (the launcher becomes the helper unless overridden)."""
         return handle.process.pid if handle.process is not None else None
 
+    def _mechanisms(self, spec: SandboxSpec) -> dict[str, str]:
+        """Backend-specific entries of ``Sandbox.limits`` (bwrap: ``tmpfs``)."""
+        return {}
+
     def _disk_mechanism(self, spec: SandboxSpec, handle: Handle) -> str:
         if spec.disk_mb is None:
             return "off"
@@ -221,7 +226,7 @@ class Backend:
         except OSError as exc:
             self.start_failures += 1
             raise SandboxStartError(f"{self.name} sandbox failed to start: {exc}") from exc
-        mechanisms = dict(handle.plan.mechanisms, disk=disk)
+        mechanisms = dict(handle.plan.mechanisms, disk=disk, **self._mechanisms(spec))
         mechanisms["lifetime"] = "timer" if spec.lifetime_s else "off"
         return Sandbox(id=dirs.id, backend=self.name, workspace=dirs.workspace, workdir=workdir,
                        control_dir=dirs.control, python=self._sandbox_python(spec),
@@ -301,7 +306,6 @@ class Backend:
                 await self._release(handle)
 
     async def _wait_ready(self, handle: Handle) -> None:
-        dirs = handle.dirs
         assert handle.process is not None
         stdout = handle.process.stdout
         assert stdout is not None
@@ -317,7 +321,7 @@ class Backend:
             why = f"no answer within {self.start_timeout_s:.0f} s" if scope.cancelled_caught \
                 else "it exited"
             raise SandboxStartError(f"{self.name} sandbox helper did not start ({why}): "
-                                    f"{_log_tail(dirs.log_path)}")
+                                    f"{_log_tail(handle)}")
 
     # ----- teardown --------------------------------------------------------------------
     async def _teardown(self, handle: Handle) -> None:
@@ -345,8 +349,9 @@ class Backend:
                 await trio.sleep(0.002)
         with trio.move_on_after(2.0):
             await self._finish(handle)
-        if not self.isolated:
-            kill_marked(f"{MARKER_NAME}={handle.dirs.marker}".encode())
+        if not self.isolated:  # a scan of /proc: off the event loop
+            await trio.to_thread.run_sync(kill_marked,
+                                          f"{MARKER_NAME}={handle.dirs.marker}".encode())
         await Limits.release(handle.cgroup)
         for point in handle.mounted:
             _umount(point)
@@ -358,7 +363,7 @@ class Backend:
         count = 0
         for tag, sandbox_id, root in self.layout.orphans():
             kill_recorded(root)
-            kill_marked(f"{MARKER_NAME}={tag}/{sandbox_id}".encode())
+            await trio.to_thread.run_sync(kill_marked, f"{MARKER_NAME}={tag}/{sandbox_id}".encode())
             await self._sweep_one(tag, sandbox_id, root)
             await Limits.release(self.limits.cgroup_for(tag, sandbox_id), timeout_s=2.0)
             for point in mounts_under(root):
@@ -397,6 +402,11 @@ def _release_sync(handle: Handle) -> None:
         for point in handle.mounted:
             _umount(point)
         handle.mounted.clear()
+    if handle.launcher is not None:
+        said = handle.launcher.log()
+        if said:
+            log.info("sandbox %s stderr: %s", handle.dirs.id, said[-2000:])
+        handle.launcher.close_log()
     handle.dirs.release()
 
 
@@ -424,12 +434,9 @@ def _rmtree(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _log_tail(path: Path, limit: int = 2000) -> str:
-    try:
-        data = path.read_bytes()[-limit:]
-    except OSError:
-        return "(no log)"
-    return data.decode(errors="replace").strip() or "(empty log)"
+def _log_tail(handle: Handle, limit: int = 2000) -> str:
+    said = handle.launcher.log() if handle.launcher is not None else ""
+    return said[-limit:] or "(nothing on its stderr)"
 
 
 _libc: ctypes.CDLL | None = None

@@ -4,7 +4,10 @@ The sandbox sees the host's top-level dirs read-only (on a tmpfs root, remounted
 read-only, so new mount points such as /workspace can exist), fresh /tmp, /dev, /dev/shm,
 /proc and /run, its workspace (writable) at ``spec.workdir``, the control dir at its own
 host path, the helper's lib dir read-only, and no other sandbox's dirs (the state dir is
-hidden under a tmpfs). Every namespace is unshared (user, pid, ipc, uts, cgroup, and the
+hidden under a tmpfs). Every tmpfs it can write is size-capped (their pages count against
+the sandbox's memory limit: filling one must end in ENOSPC, not an OOM kill): /tmp and
+/dev/shm at ``_limits.tmpfs_mb``, /run at RUN_MAX_MB; /dev and the tmpfs mounts that hide
+host dirs are read-only. Every namespace is unshared (user, pid, ipc, uts, cgroup, and the
 network unless the spec asks for it), nested user namespaces are disabled, capabilities
 dropped, the environment cleared (the helper hands children an allow-listed one),
 ``--new-session`` stops TIOCSTI, ``--die-with-parent`` ends the sandbox with the daemon.
@@ -15,15 +18,20 @@ from inside cannot end it, and killing bwrap (hence the helper) ends every proce
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from typing import Any, ClassVar
 
 from ._backend import Backend, Handle, first_child
 from ._exceptions import SandboxStartError
+from ._limits import RUN_MAX_MB, tmpfs_mb
 from ._models import SandboxSpec
+
+log = logging.getLogger(__name__)
 
 # Top-level host entries not shown as they are: fresh mounts replace proc, dev, tmp and
 # run; boot (the host's kernels and their config, a map for kernel exploits), media
@@ -40,17 +48,15 @@ HIDDEN_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-")
 
 
 class BwrapBackend(Backend):
-    """Options: bwrap (path), hide_paths (extra host dirs hidden under a tmpfs),
-    tmp_size_mb (size cap of /tmp; disk_mb caps it too)."""
+    """Options: bwrap (path), hide_paths (extra host dirs hidden under a tmpfs)."""
 
     name: ClassVar[str] = "bwrap"
 
     def __init__(self, *, bwrap: str | None = None, hide_paths: tuple[str, ...] = (),
-                 tmp_size_mb: int | None = None, **options: Any) -> None:
+                 **options: Any) -> None:
         super().__init__(**options)
         self.bwrap = bwrap or shutil.which("bwrap") or "/usr/bin/bwrap"
         self.hide_paths = tuple(hide_paths)
-        self.tmp_size_mb = tmp_size_mb
 
     def check(self) -> None:
         if not os.access(self.bwrap, os.X_OK):
@@ -63,6 +69,11 @@ class BwrapBackend(Backend):
             raise SandboxStartError("bwrap backend: cannot create namespaces here: "
                                     f"{probe.stderr.decode(errors='replace').strip()} "
                                     "(are unprivileged user namespaces enabled?)")
+        if not takes_size(self.bwrap):
+            log.warning("%s takes no --size (bubblewrap < 0.8, or installed setuid): the "
+                        "sandboxes' /tmp, /dev/shm and /run are not size-capped, and filling "
+                        "them counts against the memory limit (an OOM kill, not ENOSPC)",
+                        self.bwrap)
 
     def _helper_pid(self, handle: Handle) -> int | None:
         # bwrap's only child is the helper: the PID namespace's init (--as-pid-1)
@@ -75,21 +86,31 @@ class BwrapBackend(Backend):
     def _command_input(self, spec: SandboxSpec, handle: Handle) -> bytes:
         options = bwrap_options(spec, handle, state_dir=str(self.layout.state_dir),
                                 lib_dir=str(self.layout.lib_dir()), hide_paths=self.hide_paths,
-                                tmp_size_mb=spec.disk_mb or self.tmp_size_mb)
+                                sized=takes_size(self.bwrap))
         return b"".join(os.fsencode(arg) + b"\0" for arg in options)
+
+    def _mechanisms(self, spec: SandboxSpec) -> dict[str, str]:
+        return {"tmpfs": "tmpfs-size" if takes_size(self.bwrap) else "unenforced"}
+
+
+def tmpfs_sizes(spec: SandboxSpec) -> dict[str, int]:
+    """The sandbox's own writable tmpfs mounts and their sizes in MiB (``disk_mb`` caps
+    /tmp too)."""
+    size = tmpfs_mb(spec)
+    return {"/tmp": min(size, spec.disk_mb or size), "/dev/shm": size,
+            "/run": min(size, RUN_MAX_MB)}
 
 
 def bwrap_options(spec: SandboxSpec, handle: Handle, *, state_dir: str, lib_dir: str,
-                  hide_paths: tuple[str, ...] = (), tmp_size_mb: int | None = None) -> list[str]:
+                  hide_paths: tuple[str, ...] = (), sized: bool = True) -> list[str]:
     """bwrap's options for one sandbox (what its launcher sends it; ``--`` and the
-    helper's argv are on its command line)."""
+    helper's argv are on its command line). ``sized``: bwrap takes ``--size``."""
     dirs = handle.dirs
     argv = [*host_root_args(), "--dev", "/dev", "--proc", "/proc", *proc_readonly_args()]
-    if tmp_size_mb:
-        argv += ["--size", str(tmp_size_mb << 20)]
-    fresh = ("/tmp", "/dev/shm", "/run")
+    sizes = tmpfs_sizes(spec)
+    fresh = tuple(sizes)
     for path in fresh:
-        argv += ["--tmpfs", path]
+        argv += [*(("--size", str(sizes[path] << 20)) if sized else ()), "--tmpfs", path]
     # The daemon's Python (a venv, an editable checkout) may live under a path the fresh
     # mounts just hid, e.g. a clone in /tmp: show it again, read-only, so the sandbox's
     # interpreter and its packages work. The state dir and hidden paths are covered after.
@@ -104,12 +125,30 @@ def bwrap_options(spec: SandboxSpec, handle: Handle, *, state_dir: str, lib_dir:
              "--bind", str(dirs.workspace), spec.workdir]
     for bind in spec.binds:
         argv += ["--ro-bind" if bind.readonly else "--bind", bind.host, bind.dest]
-    argv += ["--remount-ro", "/", "--unshare-all", "--unshare-user", "--disable-userns"]
+    # Read-only at the end, once every mount point in them exists (not recursive: what is
+    # mounted on them keeps its own flags): /dev (bwrap's --dev tmpfs takes no --size) and
+    # the tmpfs mounts that only hide host dirs.
+    for path in ("/", "/dev", state_dir, *hide_paths):
+        argv += ["--remount-ro", path]
+    argv += ["--unshare-all", "--unshare-user", "--disable-userns"]
     if spec.network:
         argv += ["--share-net"]
     argv += ["--as-pid-1", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
              "--hostname", "sandbox", "--chdir", spec.workdir]
     return argv
+
+
+@functools.cache
+def takes_size(bwrap: str) -> bool:
+    """Whether this bwrap takes ``--size`` (bubblewrap >= 0.8; a setuid bwrap refuses it
+    but to root): asked once, from its --help (``check()`` asks first, off the event loop)."""
+    try:
+        if os.stat(bwrap).st_mode & stat.S_ISUID and os.getuid() != 0:
+            return False
+        out = subprocess.run([bwrap, "--help"], capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return b"--size" in out.stdout + out.stderr
 
 
 @functools.cache

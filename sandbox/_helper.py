@@ -11,7 +11,7 @@ Stdlib only, plus ptyprocess (imported lazily, for pty spawns). Start-up is most
 sandbox's open latency, so the helper imports only C modules (``_json``, ``_socket``,
 ``select``, ``_signal``, ``_struct``: about 1 ms, where ``json``, ``socket``, ``selectors``
 and ``signal`` cost 11 ms through ``re`` and ``enum``); ``Codec`` and ``Poller`` are the
-few lines of those modules it needs.
+few lines of those modules it needs, and ``prctl`` calls libc through ``_ctypes``.
 
 Wire format, both directions: ``>II`` (json length, blob length), the JSON object, the
 blob. Replies are ``{"ok": true, ...}`` or ``{"ok": false, "error": {...}}``; file
@@ -113,6 +113,46 @@ class Poller:
 
 READ, WRITE = select.EPOLLIN, select.EPOLLOUT
 
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
+#: How much more likely than the helper a process it starts is to be the OOM killer's pick.
+CHILD_OOM_BONUS = 1000
+
+
+def prctl(option, arg):
+    """``prctl(option, arg, 0, 0, 0)`` through ``_ctypes`` alone (~0.7 ms; the ``ctypes``
+    package costs ~5 ms more through ``struct`` and ``ctypes._endian``): its errno, 0 when
+    it succeeded."""
+    import _ctypes
+
+    class Int(_ctypes._SimpleCData):
+        _type_ = "i"
+
+    class Function(_ctypes.CFuncPtr):
+        _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+        _restype_ = Int
+
+    class Libc:
+        _handle = _ctypes.dlopen(None)  # type: ignore[arg-type]  # NULL: the program itself
+
+    call = Function(("prctl", Libc))  # type: ignore[arg-type]  # any object with _handle
+    return 0 if call(option, arg, 0, 0, 0) == 0 else _ctypes.get_errno()
+
+
+def warn(text):
+    """A line on the helper's stderr: a non-blocking pipe that the daemon reads (never a
+    host file); a line that does not fit is dropped rather than waited for."""
+    try:
+        os.write(2, f"helper: {text}\n".encode())
+    except OSError:
+        pass
+
+
+def set_oom_score_adj(fd, value):
+    try:
+        os.write(fd, str(value).encode())
+    except OSError as exc:
+        warn(f"oom_score_adj {value}: {exc}")
+
 
 class Refused(Exception):
     """A request the helper will not carry out (sent back as an error of type ``kind``)."""
@@ -133,6 +173,16 @@ def exit_code(status):
 RESET_SIGNALS = tuple(sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}))
 
 
+#: What the helper itself ignores. SIGTERM and SIGINT: the daemon drains on them, and a
+#: Slurm job step's ``scancel`` (or an ``srun`` interrupt) sends them to every process of
+#: the step, this one included; the sandbox ends when the daemon is done with it (its
+#: shutdown request, SIGKILL, or the daemon's death: the parent-death signal). SIGPIPE and
+#: SIGXFSZ, as Python sets them. Ignored, not handled: under bwrap the helper is the PID
+#: namespace's init, and the kernel drops every signal sent to it from inside the sandbox
+#: for which it has no handler.
+IGNORED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ)
+
+
 def restore_signals():
     for sig in RESET_SIGNALS:
         try:
@@ -142,10 +192,29 @@ def restore_signals():
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
+def own_signals(on_child):
+    """The helper's own signal state, whatever it inherited (a daemon started with signals
+    blocked or ignored passes them on): nothing blocked, ``on_child`` for SIGCHLD (it wakes
+    the loop), the IGNORED_SIGNALS ignored, every other signal at its default. Only what
+    differs is changed (``getsignal`` reads Python's table: no system call)."""
+    for sig in RESET_SIGNALS:
+        want = on_child if sig == signal.SIGCHLD else \
+            signal.SIG_IGN if sig in IGNORED_SIGNALS else signal.SIG_DFL
+        if signal.getsignal(sig) != want:
+            try:
+                signal.signal(sig, want)
+            except (OSError, ValueError):
+                pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
 def scan_marked(marker, unsure=None):
     """Pids whose initial environment carries ``marker`` (bytes, ``NAME=value``). Live
     processes whose environment reads empty go to ``unsure`` (a list) if given: a process
-    in the middle of an execve shows none for a moment."""
+    in the middle of an execve shows none for a moment.
+
+    The one implementation of the marker scan: the helper runs it inside the sandbox, the
+    daemon (sandbox/_backend.py) on the host, in a worker thread (it reads all of /proc)."""
     me = os.getpid()
     found: list = []
     try:
@@ -284,6 +353,7 @@ class Helper:
         self.run_seq = 0
         self.sel = Poller()
         self.stopping = False
+        self.oom_fd, self.oom, self.child_oom = None, 0, 0  # see protect()
         lifetime = cfg.get("lifetime_s")
         self.expires = None if lifetime is None else time.monotonic() + float(lifetime)
 
@@ -310,16 +380,45 @@ class Helper:
         self.sel.register(self.listener, READ, ("accept", None))
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
-        # no SIGTERM/SIGINT handlers (Python's KeyboardInterrupt one removed too): under
-        # bwrap the helper is the PID namespace's init, which then ignores every signal
-        # sent from inside the sandbox
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        own_signals(lambda *_: None)
         self.sel.register(self.wake_r, READ, ("wake", None))
         os.write(1, f"READY {os.getpid()}\n".encode())
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 1)
         os.close(null)
+        self.protect()  # after READY (off the open's path), before any sandbox process exists
+
+    def protect(self):
+        """What no process of the sandbox may do to the helper. Not dumpable: tracing it,
+        reading its memory or environment and opening its fds through /proc/1/fd then take
+        CAP_SYS_PTRACE, which nothing inside has (its fds hold nothing of the host anyway:
+        stderr is a pipe to the daemon). And the OOM killer's last pick: everything it
+        starts gets ``CHILD_OOM_BONUS`` more oom_score_adj than the helper's own, which it
+        keeps (lowering it takes CAP_SYS_RESOURCE, which nothing inside has; a command may
+        lower its own back to the helper's value, not below)."""
+        try:  # opened first: once not dumpable, /proc/self's files are root's
+            self.oom_fd = os.open("/proc/self/oom_score_adj", os.O_RDWR | os.O_CLOEXEC)
+            self.oom = int(os.read(self.oom_fd, 16))
+        except (OSError, ValueError) as exc:
+            warn(f"oom_score_adj: {exc}")
+            self.oom_fd = None
+        self.child_oom = min(1000, self.oom + CHILD_OOM_BONUS) if self.oom_fd is not None else 0
+        err = prctl(PR_SET_DUMPABLE, 0)
+        if err:
+            warn(f"PR_SET_DUMPABLE: {os.strerror(err)}")
+
+    def as_parent(self, start, *args, **kwargs):
+        """``start(*args, **kwargs)``, which starts a process, with the helper's
+        oom_score_adj raised to its children's meanwhile, so that what it starts inherits
+        that from the first instruction on (posix_spawn has no hook before the exec); then
+        back down (allowed unprivileged: to no less than the helper started with)."""
+        if self.oom_fd is None or self.child_oom == self.oom:
+            return start(*args, **kwargs)
+        set_oom_score_adj(self.oom_fd, self.child_oom)
+        try:
+            return start(*args, **kwargs)
+        finally:
+            set_oom_score_adj(self.oom_fd, self.oom)
 
     def apply_rlimits(self, limits):
         if not limits:
@@ -335,13 +434,10 @@ class Helper:
             try:
                 resource.setrlimit(res, (value, value))
             except (ValueError, OSError) as exc:
-                sys.stderr.write(f"helper: setrlimit {name}={value} failed: {exc}\n")
+                warn(f"setrlimit {name}={value} failed: {exc}")
 
     def set_parent_death(self):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != self.cfg["parent_death"]:
             os._exit(1)
 
@@ -363,7 +459,7 @@ class Helper:
             self.reap()
             self.check_runs()
             if self.expires is not None and time.monotonic() >= self.expires:
-                sys.stderr.write("helper: sandbox lifetime reached; killing everything\n")
+                warn("sandbox lifetime reached; killing everything")
                 self.stopping = True
         self.kill_all()
 
@@ -552,7 +648,7 @@ class Helper:
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = (None, out_w) if merge else os.pipe2(os.O_CLOEXEC)
         try:
-            pid = self.fork_exec(argv, env, cwd, in_r, out_w, err_w)
+            pid = self.as_parent(self.fork_exec, argv, env, cwd, in_r, out_w, err_w)
         except BaseException:
             for fd in {in_r, in_w, out_r, out_w, err_r, err_w}:
                 if fd is not None:
@@ -577,9 +673,9 @@ class Helper:
             from ptyprocess import PtyProcess  # lazy: only pty spawns pay for it
 
             try:
-                pty = PtyProcess.spawn(argv, cwd=cwd, env=env, echo=req.get("echo", True),
-                                       preexec_fn=restore_signals,
-                                       dimensions=(int(req.get("rows", 50)), int(req.get("cols", 200))))
+                pty = self.as_parent(PtyProcess.spawn, argv, cwd=cwd, env=env,
+                                     echo=req.get("echo", True), preexec_fn=restore_signals,
+                                     dimensions=(int(req.get("rows", 50)), int(req.get("cols", 200))))
             except OSError as exc:
                 raise Refused("SpawnError", str(exc), exc.errno or 0) from None
             proc = Proc(pty.pid, pty)

@@ -5,7 +5,6 @@
     <state_dir>/sandboxes/<boot tag>/<id>/
         lock        flock held by the owning daemon while the sandbox lives
         pid         "<pid> <start time>" of the sandbox's first host process
-        helper.log  stderr of bwrap / apptainer / the helper
         ws/         the workspace
         c/          the control dir (same absolute path inside; holds h.sock)
         tmp/        local backend only: the sandbox's TMPDIR
@@ -65,10 +64,6 @@ class SandboxDirs:
     @property
     def socket_path(self) -> str:
         return str(self.control / SOCKET_NAME)
-
-    @property
-    def log_path(self) -> Path:
-        return self.root / "helper.log"
 
     @property
     def marker(self) -> str:
@@ -205,36 +200,6 @@ def kill_recorded(root: Path) -> None:
     if process_start_time(pid) == start:
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
-
-
-def scan_marked(marker: bytes) -> list[int]:
-    """Pids whose initial environment carries ``marker`` (``NAME=value``)."""
-    me = os.getpid()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if env.startswith(marker + b"\0") or b"\0" + marker + b"\0" in env:
-            found.append(int(name))
-    return found
-
-
-def kill_marked(marker: bytes, rounds: int = 4) -> int:
-    killed = 0
-    for _ in range(rounds):
-        pids = scan_marked(marker)
-        if not pids:
-            break
-        for pid in pids:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-    return killed
 
 
 def mounts_under(path: Path) -> list[str]:

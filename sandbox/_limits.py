@@ -37,6 +37,22 @@ _CPU_PERIOD_US = 100_000
 #: pin, which no memory cgroup v1 counts (tests/hostile/test_containment.py).
 NOFILE_MAX = 4096
 INHERITED = {"RLIMIT_CORE": 0, "RLIMIT_NOFILE": NOFILE_MAX}
+#: Size of each of /tmp and /dev/shm (bwrap) when the spec sets neither tmpfs_mb nor memory_mb.
+TMPFS_DEFAULT_MB = 1024
+#: Size of /run (bwrap): small, nothing much lives there.
+RUN_MAX_MB = 16
+
+
+def tmpfs_mb(spec: SandboxSpec) -> int:
+    """Size cap of each of a sandbox's memory-backed scratch mounts, /tmp and /dev/shm: the
+    spec's ``tmpfs_mb``, else a quarter of its memory limit (their pages count against it,
+    and with both full half of it is left to the processes, so a full /tmp is ENOSPC, never
+    an OOM kill), else TMPFS_DEFAULT_MB."""
+    if spec.tmpfs_mb:
+        return spec.tmpfs_mb
+    if spec.memory_mb:
+        return max(1, spec.memory_mb // 4)
+    return TMPFS_DEFAULT_MB
 
 
 def _write(path: Path, value: str) -> None:
@@ -266,11 +282,11 @@ class Limits:
         if cgroup.version == 2:
             d = cgroup.dirs[0]
             if spec.memory_mb:
+                # no memory.oom.group: an OOM kill takes the process the kernel picks (a
+                # command before the helper: see _helper.Helper.protect), not the sandbox
                 _write(d / "memory.max", str(spec.memory_mb << 20))
                 with contextlib.suppress(FileNotFoundError):
                     _write(d / "memory.swap.max", "0")
-                with contextlib.suppress(FileNotFoundError):
-                    _write(d / "memory.oom.group", "1")
                 mech["memory"] = "cgroup-v2"
             if spec.pids_max:
                 _write(d / "pids.max", str(spec.pids_max))

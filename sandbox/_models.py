@@ -36,6 +36,8 @@ class SandboxSpec(BaseModel, extra="forbid"):
     pids_max: int | None = Field(default=None, gt=0)
     cpu_cores: float | None = Field(default=None, gt=0)
     disk_mb: int | None = Field(default=None, gt=0)  # workspace/overlay size where enforceable
+    #: size of each of bwrap's memory-backed /tmp and /dev/shm (None: see _limits.tmpfs_mb)
+    tmpfs_mb: int | None = Field(default=None, gt=0)
     lifetime_s: float | None = Field(default=None, gt=0)  # torn down after it
     env: dict[str, str] = {}
     binds: list[Bind] = []

@@ -4,10 +4,13 @@ One job, 3 tasks on one node (`sbatch -N1 -n3 --overcommit`): 3 daemons on 3 por
 publishes a 0600 token, the seeds and the front's env file; the daemons refuse requests
 without the token and converge; 30 sleep rollouts (the labelled test task) submitted to the front all complete,
 and the front spreads them over more than one daemon; more rollouts still running when
-`scancel` arrives finish during the drain; every daemon exits 0 and no process is left.
+`scancel` arrives finish during the drain, among them `code` rollouts in bwrap sandboxes
+(Slurm signals every process of the step, the sandboxes' bwrap and helper included: they
+must survive it and keep working); every daemon exits 0 and no process is left.
 
-Each daemon gets a scripted LLM backend (a labelled test double that is never called by
-sleep tasks): placement forwards only to peers that report a healthy backend.
+Each daemon gets a scripted LLM backend (a labelled test double; sleep tasks never call it,
+code rollouts follow its script): placement forwards only to peers that report a healthy
+backend.
 
 Needs a Slurm controller: `contrib/slurm/ci-setup.sh` starts one (.ci/run does). Skipped
 when none answers, except under CI (CI=true), where a missing Slurm is a failure.
@@ -24,7 +27,10 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -52,21 +58,36 @@ pytestmark = [
     pytest.mark.skipif(not IN_CI and not slurm_up(), reason="no Slurm controller"),
 ]
 
-CONFIG = """\
+
+def tool_call(name: str, **arguments: Any) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+#: The code rollouts' script: run the task's run.sh in the sandbox, then finish. Each reply
+#: takes 1 s, so a rollout submitted just before scancel has its sandbox open and uses it
+#: after.
+SCRIPT = [tool_call("bash", command="sh run.sh"), tool_call("finish", answer="done")]
+
+CONFIG = f"""\
 # rolloutd settings for the Slurm end-to-end test.
-sandbox_backend = "local"
-n_init = 1
+sandbox_backend = "bwrap"
+n_init = 2
 n_run = 2
-n_eval = 1
+n_eval = 2
 gossip_interval_s = 0.5
 health_interval_s = 1.0
 
 [[backends]]
-kind = "scripted"          # TEST DOUBLE: sleep tasks never call it
-replies = ["unused"]
+kind = "scripted"          # TEST DOUBLE: sleep tasks never call it; code tasks follow it
+replies = [{", ".join(json.dumps(r) for r in SCRIPT)}]
+latency_s = 1.0
 """
 
 SLEEP = {"kind": "sleep", "run_s": 0.5}
+#: A code task whose run.sh writes a correct solution: reward 1 when its sandbox worked.
+CODE = {"kind": "code", "prompt": "Add two integers read from stdin.",
+        "tests": [{"stdin": "1 2\n", "stdout": "3\n"}], "tools": ["bash", "finish"],
+        "files": {"run.sh": "printf 'print(sum(map(int, input().split())))\\n' > solution.py"}}
 
 
 def free_port_block(n: int) -> int:
@@ -106,19 +127,42 @@ def daemon_pids(ports: set[int]) -> list[int]:
     return pids
 
 
-def journal_statuses(state_dir: Path) -> dict[str, str]:
-    """Job id -> status, from a stopped daemon's journal."""
+def sandbox_dirs(local_dir: Path, *, busy: bool = False) -> list[Path]:
+    """The sandbox dirs of every daemon of the job (parked spare launchers' included), or
+    only those whose workspace holds files (a code rollout's, once set up)."""
+    found = []
+    for path in local_dir.glob("rolloutd-*/sandboxes/sandboxes/*/*"):
+        try:
+            if not busy or any((path / "ws").iterdir()):
+                found.append(path)
+        except OSError:  # removed meanwhile
+            pass
+    return found
+
+
+def journal_statuses(state_dir: Path) -> dict[str, tuple[str, float | None]]:
+    """Job id -> (status, reward), from a stopped daemon's journal."""
     with sqlite3.connect(state_dir / "journal.sqlite3") as db:
-        return dict(db.execute("SELECT id, status FROM jobs").fetchall())
+        rows = db.execute("SELECT id, status, result FROM jobs").fetchall()
+    return {i: (status, json.loads(result)["reward"] if result else None) for i, status, result in rows}
 
 
-async def test_real_daemons_under_slurm_converge_run_30_rollouts_and_drain(tmp_path: Path) -> None:
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short directory: a sandbox's socket path must fit in 107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_real_daemons_under_slurm_converge_run_30_rollouts_and_drain(tmp_path: Path,
+                                                                             short_dir: Path) -> None:
     assert slurm_up(), "CI must start Slurm first (bash contrib/slurm/ci-setup.sh)"
     assert ROLLOUTD.exists(), ROLLOUTD
     port = free_port_block(3)
     ports = {port, port + 1, port + 2}
     run_dir = tmp_path / "run"
-    local_dir = tmp_path / "local"
+    local_dir = short_dir
     config = tmp_path / "rolloutd.toml"
     config.write_text(CONFIG)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUTD_")}
@@ -137,6 +181,7 @@ async def test_real_daemons_under_slurm_converge_run_30_rollouts_and_drain(tmp_p
         done = await trio.run_process(argv, capture_stdout=True, env=env, stdin=subprocess.DEVNULL)
     job = done.stdout.decode().strip().split(";")[0]
     draining_ids: list[str] = []
+    code_ids: list[str] = []
     try:
         with trio.fail_after(60):
             while not (run_dir / "env").exists():
@@ -196,11 +241,17 @@ async def test_real_daemons_under_slurm_converge_run_30_rollouts_and_drain(tmp_p
             fed = (await http.get(front + "/v1/status")).json()["federation"]
             assert fed["forwarded_total"] == 30 - finished[0], (fed, finished)
 
-            # Work that is running when scancel arrives: each daemon gets one 2 s rollout.
+            # Work that is running when scancel arrives: each daemon gets one 2 s rollout
+            # and one code rollout, whose bwrap sandbox is open, waiting on the model.
             for url in urls:
                 resp = await http.post(url + "/v1/rollouts", json={"task": {"kind": "sleep", "run_s": 2.0}})
                 draining_ids += resp.json()["ids"]
-            await trio.sleep(0.3)
+                resp = await http.post(url + "/v1/rollouts", json={"task": CODE})
+                assert resp.status_code == 202, resp.text
+                code_ids += resp.json()["ids"]
+            with trio.fail_after(20):
+                while len(sandbox_dirs(local_dir, busy=True)) < 3:
+                    await trio.sleep(0.05)
 
         await sh("scancel", job)
         with trio.fail_after(60):
@@ -214,7 +265,7 @@ async def test_real_daemons_under_slurm_converge_run_30_rollouts_and_drain(tmp_p
     for task in range(3):
         lines = [json.loads(s.split(": ", 1)[1]) for s in log.splitlines() if s.startswith(f"{task}: {{")]
         msgs = [rec["msg"] for rec in lines]
-        assert any(m.startswith("draining: 1 jobs live") for m in msgs), (task, msgs)
+        assert any(m.startswith("draining: 2 jobs live") for m in msgs), (task, msgs)
         assert any(m.startswith("rolloutd ") and m.endswith(" stopped") for m in msgs), (task, msgs)
         assert not any(rec["level"] in {"error", "critical"} for rec in lines), (task, lines)
         assert not any("drain deadline" in m for m in msgs), (task, msgs)
@@ -222,8 +273,11 @@ async def test_real_daemons_under_slurm_converge_run_30_rollouts_and_drain(tmp_p
     assert "all steps ended (status 0)" in log, log
     assert not daemon_pids(ports)
     assert not (run_dir / "env").exists()
-    # The rollouts running at scancel finished during the drain (from each daemon's journal).
-    statuses: dict[str, str] = {}
+    # The rollouts running at scancel finished during the drain (from each daemon's journal);
+    # the code rollouts' sandboxes worked after it (reward 1: run.sh wrote the solution).
+    statuses: dict[str, tuple[str, float | None]] = {}
     for p in sorted(ports):
         statuses.update(journal_statuses(local_dir / f"rolloutd-{job}-{p}"))
-    assert [statuses[i] for i in draining_ids] == ["completed"] * 3, statuses
+    assert [statuses[i][0] for i in draining_ids] == ["completed"] * 3, statuses
+    assert [statuses[i] for i in code_ids] == [("completed", 1.0)] * 3, statuses
+    assert sandbox_dirs(local_dir) == []  # every daemon tore its sandboxes down

@@ -260,3 +260,120 @@ async def test_writes_to_the_host_fail(bwrap: Any, state_dir: Path) -> None:
     for t in ("/etc/evil", "/usr/evil", f"{home}/evil", "/var/evil", "/opt/evil", f"{state_dir}/evil"):
         assert not os.path.exists(t), t
 
+
+
+# Run inside a sandbox: what a process there can do to the helper (PID 1). PTRACE_SEIZE
+# traces without stopping it; each /proc/1 entry counts if it opens at all.
+AT_THE_HELPER = r'''
+import ctypes, os
+out = []
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.ptrace(0x4206, 1, 0, 0) == 0:
+    out.append("traced")
+for name in ("environ", "mem", "maps", "auxv"):
+    try:
+        open("/proc/1/" + name, "rb").close()
+        out.append("opened " + name)
+    except OSError:
+        pass
+try:
+    fds = os.listdir("/proc/1/fd")
+except OSError:
+    fds = [str(n) for n in range(64)]
+for fd in fds:
+    for flags in (os.O_WRONLY | os.O_APPEND, os.O_RDONLY):
+        try:
+            f = os.open("/proc/1/fd/" + fd, flags | os.O_NONBLOCK)
+        except OSError:
+            continue
+        out.append("opened fd " + fd)
+        try:
+            os.write(f, b"PWNED\n")
+        except OSError:
+            pass
+        os.close(f)
+try:
+    with open("/proc/1/oom_score_adj", "w") as f:
+        f.write("1000")
+    out.append("raised oom_score_adj")
+except OSError:
+    pass
+for fd in os.listdir("/proc/self/fd"):  # and nothing of the host in this command's fds
+    try:
+        link = os.readlink("/proc/self/fd/" + fd)
+    except OSError:  # the listing's own fd
+        continue
+    if link.startswith("/") and link != "/dev/null":
+        out.append("own fd %s %s" % (fd, link))
+print("\n".join(out))
+'''
+
+
+def _helper_fds(sb: Any) -> list[str]:
+    """Where the helper's fds lead, seen from the host (its pid is the launcher's child)."""
+    from sandbox._backend import first_child
+
+    launcher = int((sb.control_dir.parent / "pid").read_text().split()[0])
+    helper = first_child(launcher)
+    assert helper is not None
+    fd_dir = f"/proc/{helper}/fd"
+    return [os.readlink(f"{fd_dir}/{fd}") for fd in os.listdir(fd_dir)]
+
+
+async def test_the_helper_cannot_be_traced_or_reached_through_its_fds(bwrap: Any,
+                                                                    state_dir: Path) -> None:
+    """No process of a sandbox can trace the helper, read its memory or environment, or open
+    its fds through /proc/1/fd (it is not dumpable); its fds hold nothing of the host (its
+    stderr is a pipe to the daemon), nor do those of the commands it starts. Before: the
+    helper's stderr was the host's helper.log, and `echo x >> /proc/1/fd/2` wrote there."""
+    async with bwrap.open(SandboxSpec()) as sb:
+        busy = await sb.spawn(["sleep", "30"])  # the helper holds that one's pipes too
+        r = await sb.run([sb.python, "-c", AT_THE_HELPER], timeout_s=20)
+        assert r.exit_code == 0, r
+        found = set(r.stdout.decode().splitlines()) - {""}
+        if os.geteuid() == 0:
+            # As root the sandbox's uid 0 is host uid 0 and owns /proc/1's files even when
+            # the helper is not dumpable: raising its oom_score_adj is a documented residual.
+            found.discard("raised oom_score_adj")
+            # pipes, sockets, /dev/null, its own /proc/1/oom_score_adj: no path of the host
+            assert not [link for link in _helper_fds(sb) if link.startswith("/")
+                        and link != "/dev/null" and not link.startswith("/proc/1/")]
+        assert found == set(), r
+        r = await sb.run(["sh", "-c", "for f in /proc/1/fd/*; do echo x >> $f; done 2>/dev/null; "
+                          "echo done"], timeout_s=10)
+        assert r.stdout == b"done\n"
+        await busy.signal(9)
+        await busy.wait()
+        await busy.aclose()
+        await still_works(sb)
+        for path in state_dir.rglob("*"):  # nothing on the host got the attack's bytes
+            if path.is_file() and not path.is_symlink():
+                assert b"PWNED" not in path.read_bytes() and b"x\n" != path.read_bytes(), path
+
+
+async def test_filling_tmp_and_shm_is_enospc_and_the_helper_lives_on(bwrap: Any) -> None:
+    """/tmp, /dev/shm and /run are tmpfs mounts whose pages count against the memory limit:
+    each is size-capped well below it, so filling them all is ENOSPC (and /dev is read-only),
+    and a memory hog on top of that is OOM-killed, not the helper, whose commands start with
+    a higher oom_score_adj than its own. Before: the tmpfs mounts were as big as half the
+    host's memory, the helper was killed and the sandbox was lost."""
+    async with bwrap.open(SandboxSpec(memory_mb=256)) as sb:
+        if sb.limits.get("tmpfs") != "tmpfs-size":
+            pytest.skip(f"this bwrap cannot size a tmpfs ({sb.limits.get('tmpfs')})")
+        for path in ("/tmp", "/dev/shm", "/run", "/dev"):
+            r = await sb.run(["sh", "-c", f"dd if=/dev/zero of={path}/fill bs=1M count=1024 2>&1"],
+                             timeout_s=60)
+            assert r.exit_code == 1, (path, r)
+            why = b"Read-only file system" if path == "/dev" else b"No space left on device"
+            assert why in r.stdout, (path, r)
+            await still_works(sb)
+        hog = "x = []\nwhile True: x.append(bytearray(8 << 20))"
+        r = await sb.run([sb.python, "-c", hog], timeout_s=60)
+        assert r.exit_code != 0 and not r.timed_out, r  # SIGKILL (cgroup) or MemoryError (rlimit)
+        await still_works(sb)
+        r = await sb.run(["cat", "/proc/1/oom_score_adj", "/proc/self/oom_score_adj"], timeout_s=10)
+        helper, command = (int(v) for v in r.stdout.split())
+        assert command == min(1000, helper + 1000), r
+        r = await sb.run(["sh", "-c", "df -k /tmp /dev/shm /run | tail -n 3"], timeout_s=10)
+        total_kb = sum(int(line.split()[1]) for line in r.stdout.decode().splitlines())
+        assert total_kb < (256 << 10) * 3 // 4, r.stdout  # all three full leave a quarter or more

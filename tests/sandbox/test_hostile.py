@@ -205,3 +205,30 @@ async def test_helper_is_immune_to_signals_from_inside(bwrap, leak_check):
             assert r.stdout == b"sent\n"
         assert (await sb.run(["echo", "alive"], timeout_s=10)).stdout == b"alive\n"
     assert marked_pids(leak_check.tag) == []
+
+
+async def test_sandbox_stderr_is_a_capped_pipe_never_a_host_file(state_dir, boot_id, leak_check):
+    """What a sandbox's first process (the launcher, then bwrap and the helper) writes on
+    stderr goes to a non-blocking pipe the daemon reads: a flood neither grows a host file
+    (before: <sandbox dir>/helper.log, uncapped) nor holds the writer up, and the daemon
+    keeps at most LOG_MAX_BYTES of it."""
+    from sandbox._launcher import LOG_MAX_BYTES, Launcher
+    from sandbox._layout import Layout
+
+    dirs = Layout(state_dir, boot_id).new()
+    flood = "head -c 10000000 /dev/zero | tr '\\0' x >&2; echo done"
+    launcher = Launcher.start(dirs, None, ["/bin/sh", "-c", flood], {"PATH": "/usr/bin:/bin"})
+    try:
+        await launcher.go()
+        assert launcher.process.stdout is not None
+        with trio.fail_after(20):
+            assert await launcher.process.stdout.receive_some(64) == b"done\n"
+            await launcher.process.wait()
+        await launcher.process.stdout.aclose()
+        on_disk = sum(p.stat().st_size for p in dirs.root.rglob("*") if p.is_file())
+        assert on_disk < 4096, list(dirs.root.rglob("*"))
+        said = launcher.log()
+        assert said.startswith("x" * 1000) and len(said) <= LOG_MAX_BYTES
+    finally:
+        launcher.close_log()
+        dirs.release()
