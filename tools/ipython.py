@@ -35,6 +35,7 @@ import trio
 import zmq
 from jupyter_client.session import Session
 
+from ._control import write_private
 from ._errors import ToolError, ToolStartError
 from ._text import TextCollector, strip_ansi
 
@@ -305,7 +306,9 @@ class KernelSession:
         """Start a kernel and return once it answered ``kernel_info`` and iopub is live."""
         self._gen += 1
         ctl = Path(self._sb.control_dir)
-        prefix = str(ctl / f"k{self._tag}{self._gen}")
+        # A new random name per start: the sandbox can see and write the control dir, so a
+        # name it could predict (the next generation's) is a name it could plant a link at.
+        prefix = str(ctl / f"k{self._tag}{self._gen}{secrets.token_hex(4)}")
         if len(prefix) + 3 > MAX_SUN_PATH:
             raise ToolStartError(f"control dir path too long for Unix sockets: {prefix!r}")
         conn: dict[str, Any] = {**PORTS, "transport": "ipc", "ip": prefix,
@@ -314,8 +317,11 @@ class KernelSession:
         conn_file = Path(prefix + ".json")
         startup = Path(prefix + "_init.py")
         files = [conn_file, startup] + [Path(f"{prefix}-{p}") for p in PORTS.values()]
-        await trio.Path(conn_file).write_text(json.dumps(conn))
-        await trio.Path(startup).write_text(KERNEL_STARTUP)
+        try:
+            await trio.to_thread.run_sync(write_private, conn_file, json.dumps(conn).encode())
+            await trio.to_thread.run_sync(write_private, startup, KERNEL_STARTUP.encode())
+        except OSError as exc:  # something the sandbox planted at the new names
+            raise ToolStartError(f"cannot write the kernel's files: {exc}") from exc
         try:
             proc = await self._sb.spawn(
                 [self._sb.python, "-m", "ipykernel_launcher", "-f", str(conn_file),

@@ -1,5 +1,6 @@
 """Hostile input through the tools the model drives (bwrap): one endless line through the bash
-tool, and path traversal through the file editor. (Many-line floods, hangs, interactive
+tool, a shell the model broke, symlinks planted in the control dir for the bash tool's
+files, and path traversal through the file editor. (Many-line floods, hangs, interactive
 programs and symlinks through the editor are in tests/tools/.)"""
 
 from __future__ import annotations
@@ -62,6 +63,61 @@ async def test_one_endless_line_through_bash_is_bounded(box: Any) -> None:
     assert took < 100
     r = await tb.call("bash", {"command": "echo still here"}, timeout_s=10)
     assert r.output == "still here\n"
+
+
+@pytest.mark.parametrize("breaker", [
+    "ulimit -n 3", "ulimit -n 1", "exec 1>&-", "exec 2>&-", "exec >/dev/null",
+    "exec 2>/dev/null", "exec >out.log 2>&1", "exec 1>&- 2>&- 255>&-",
+    "readonly PS0=x", "declare -r PROMPT_COMMAND='echo PC'",
+])
+async def test_a_broken_shell_is_restarted_at_once(box: Any, breaker: str) -> None:
+    """A shell that can no longer run commands or show their output (an fd limit below what
+    it needs, stdout/stderr closed or sent away from the terminal, a prompt variable the
+    tool cannot reset) used to fail every later call or hang each one until its timeout:
+    it is restarted by the call that broke it."""
+    _, tb = box
+    await tb.call("bash", {"command": "cd /tmp && X=1"}, timeout_s=10)
+    t0 = time.monotonic()
+    r = await tb.call("bash", {"command": f"echo before; {breaker}; echo after"}, timeout_s=60)
+    assert time.monotonic() - t0 < 5, r.output
+    assert not r.timed_out and "left the shell unusable" in r.output, r.output
+    assert "A new shell has been started" in r.output
+    r = await tb.call("bash", {"command": "echo ok; pwd; echo ${X-unset}"}, timeout_s=10)
+    assert r.output == "ok\n/workspace\nunset\n", r.output
+
+
+async def test_symlinks_in_the_control_dir_are_not_followed(box: Any) -> None:
+    """The control dir is writable from inside. The bash tool used to write a long command
+    to a fixed file there, through whatever the sandbox had put at that name (a symlink to
+    any host file: the daemon, maybe root, overwrote it). It now creates a new, random
+    name with O_EXCL|O_NOFOLLOW; its python shims go through dir fds without following."""
+    sb, tb = box
+    outside = Path(tempfile.mkdtemp(prefix="rlt-victim", dir="/tmp"))
+    try:
+        victim = outside / "victim"
+        victim.write_text("intact\n")
+        long_cmd = "echo " + "y" * 5000 + " | wc -c"
+        assert (await tb.call("bash", {"command": long_cmd}, timeout_s=10)).output == "5001\n"
+        ctl = str(sb.control_dir)
+        plant = (f"for f in {ctl}/bash-*.sh; do rm -f $f; ln -s {victim} $f; done; "
+                 f"rm -rf {ctl}/bin; ln -s {outside} {ctl}/bin")
+        r = await tb.call("bash", {"command": plant}, timeout_s=10)
+        assert r.ok, r.output
+        assert (await tb.call("bash", {"command": long_cmd}, timeout_s=10)).output == "5001\n"
+        await tb.call("bash", {"command": "", "restart": True}, timeout_s=10)  # shims again
+        assert (await tb.call("bash", {"command": "echo alive"}, timeout_s=10)).output == \
+            "alive\n"
+        assert victim.read_text() == "intact\n"
+        assert sorted(p.name for p in outside.iterdir()) == ["victim"]
+        # a symlink planted at a shim's name is replaced, not followed
+        await tb.call("bash", {"command": f"rm {ctl}/bin; mkdir {ctl}/bin; "
+                               f"ln -s {victim} {ctl}/bin/python"}, timeout_s=10)
+        await tb.call("bash", {"command": "", "restart": True}, timeout_s=10)
+        assert victim.read_text() == "intact\n"
+        r = await tb.call("bash", {"command": "python -c 'print(7)'"}, timeout_s=10)
+        assert r.output == "7\n"
+    finally:
+        shutil.rmtree(outside, ignore_errors=True)
 
 
 TRAVERSALS = [

@@ -158,3 +158,87 @@ async def test_cancelled_call_leaves_a_usable_shell(bwrap_toolbox: Toolbox) -> N
     r = await bash(bwrap_toolbox, "echo fine")
     assert "previous command was cancelled" in r.output
     assert r.output.endswith("fine\n") and r.exit_code == 0
+
+
+async def test_prompt_variables_do_not_leak(toolbox: Toolbox) -> None:
+    """PS1, PS0, PS2 and PROMPT_COMMAND (a string, then an array) set by the model used to
+    print between commands, into every later output."""
+    r = await bash(toolbox, "PS1='P1>'; PS0='P0>'; PS2='P2>'; PROMPT_COMMAND='echo PC'")
+    assert r.output == "" and r.exit_code == 0
+    assert (await bash(toolbox, "echo a")).output == "a\n"
+    assert (await bash(toolbox, "echo b")).output == "b\n"
+    await bash(toolbox, "PROMPT_COMMAND=('echo PC1' 'echo PC2'); PS1='\\u@\\h$ '")
+    assert (await bash(toolbox, "echo c")).output == "c\n"
+    # the shell still works as a shell (a multi-line command: PS2 is never printed)
+    r = await bash(toolbox, "for i in 1 2\ndo\n  echo $i\ndone")
+    assert r.output == "1\n2\n"
+
+
+async def test_aliases_of_the_wrappers_words(toolbox: Toolbox) -> None:
+    """The tool's own line is typed into the shell: an alias the model defined for one of its
+    words (`eval`, ...) used to be expanded there, and every later call hung to its timeout."""
+    await bash(toolbox, "alias eval='echo pwned'; alias builtin=false; alias __rd_done=true")
+    r = await bash(toolbox, "set -x; echo a", timeout_s=5)
+    assert r.output == "++ echo a\na\n" and not r.timed_out
+    r = await bash(toolbox, "echo b", timeout_s=5)
+    assert r.output == "++ echo b\nb\n"
+
+
+async def test_xtrace_shows_only_the_models_commands(toolbox: Toolbox) -> None:
+    """`set -x` traces the model's commands, never the tool's own wrapper (which used to show
+    as `+ eval ...`, `+ __rd_done 0 <nonce>`, `+ builtin printf ...`)."""
+    r = await bash(toolbox, "set -x")
+    assert r.output == ""
+    r = await bash(toolbox, "echo c")  # inside the tool's eval: one more `+` of nesting
+    assert r.output == "++ echo c\nc\n"
+    r = await bash(toolbox, "printf abc")  # output without a final newline is kept
+    assert r.output == "++ printf abc\nabc"
+    r = await bash(toolbox, "PS4='+ $LINENO: '; echo d")
+    assert r.output.endswith("d\n") and "__rd" not in r.output
+    r = await bash(toolbox, "PS4='[$RANDOM]> '; echo e")  # expands differently each time
+    assert r.output.endswith("e\n") and "__rd" not in r.output
+    r = await bash(toolbox, "echo f")
+    assert r.output.endswith("> echo f\nf\n") and r.output.count("\n") == 2
+    r = await bash(toolbox, "set +x; set -v")
+    assert "__rd" not in r.output
+    r = await bash(toolbox, "echo g")  # verbose echoes lines it reads: not the tool's line
+    assert r.output == "g\n"
+    r = await bash(toolbox, "set +v; echo h")
+    assert r.output == "h\n"
+    assert (await bash(toolbox, "echo i")).output == "i\n"
+
+
+async def test_job_notices_stay_out_of_later_calls(bwrap_toolbox: Toolbox) -> None:
+    """bash reports ended background jobs ("[1]+  Done  sleep 0.2") after whichever later
+    command is running when it notices; those notices are dropped. Job control still works
+    across calls."""
+    r = await bash(bwrap_toolbox, "sleep 0.2 &")
+    assert r.output.startswith("[1] ") and r.output.count("\n") == 1
+    r = await bash(bwrap_toolbox, "sleep 0.5; echo e")  # the job ends during this call
+    assert r.output == "e\n"
+    await bash(bwrap_toolbox, "sleep 0.1 & (sleep 0.1; exit 3) & sleep 30 & kill %3")
+    await trio.sleep(0.3)  # they end between calls
+    assert (await bash(bwrap_toolbox, "echo f")).output == "f\n"
+    assert (await bash(bwrap_toolbox, "echo g")).output == "g\n"
+    await bash(bwrap_toolbox, "sleep 30 &")
+    r = await bash(bwrap_toolbox, "jobs; kill %1; wait %1; echo status=$?")
+    assert r.output.splitlines() == ["[1]+  Running                 sleep 30 &", "status=143"]
+    assert (await bash(bwrap_toolbox, "echo h")).output == "h\n"
+
+
+async def test_python_and_pip_run_the_sandbox_interpreter(bwrap_sandbox) -> None:
+    """`python` used to be "command not found" in a bwrap sandbox (the host has only
+    python3, and the sandbox's interpreter is not on the PATH); `pip` was the host's pip."""
+    from tools import open_toolbox
+
+    async with open_toolbox(bwrap_sandbox, ["bash"]) as tb:
+        r = await bash(tb, "python -c 'import sys; print(sys.executable)'")
+        assert r.output == bwrap_sandbox.python + "\n", r.output
+        r = await bash(tb, "pip --version", timeout_s=30)
+        assert r.ok, r.output
+        r2 = await bash(tb, "python -m pip --version", timeout_s=30)
+        assert r.output == r2.output
+        # after a restart too
+        await tb.call("bash", {"command": "", "restart": True}, timeout_s=10)
+        assert (await bash(tb, "python -c 'print(6*7)'")).output == "42\n"
+    assert not (bwrap_sandbox.control_dir / "bin").exists()  # removed with the shell

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 from sandbox import Sandbox
 from tools import Toolbox
@@ -69,3 +72,38 @@ async def test_kernel_crash_and_restart(bwrap_toolbox: Toolbox) -> None:
     assert not r.ok and "NameError" in r.output
     r = await py(bwrap_toolbox, "z = 6; z")
     assert r.ok and r.output.endswith("6\n")
+
+
+async def test_kernel_files_are_never_written_through_planted_links(
+        bwrap_toolbox: Toolbox, bwrap_sandbox: Sandbox) -> None:
+    """The control dir is writable from inside. The ipython tool used to name a restarted
+    kernel's files after the first's (``k<tag><gen>.json``, ``..._init.py``) and write them
+    through whatever was there: a symlink planted at the next generation's names led the
+    daemon (root in production) into any host file. Names are now random per start and
+    created with O_EXCL|O_NOFOLLOW (tools/_control.py)."""
+    outside = Path(tempfile.mkdtemp(prefix="rlt-victim", dir="/tmp"))
+    try:
+        victim = outside / "victim"
+        victim.write_text("intact\n")
+        assert (await py(bwrap_toolbox, "1")).ok
+        # every way to read "<stem><generation>" off the names there, next three generations
+        plant = (
+            "import glob, os\n"
+            f"ctl = {str(bwrap_sandbox.control_dir)!r}\n"
+            "for p in glob.glob(ctl + '/k*.json'):\n"
+            "    name = os.path.basename(p)[:-5]\n"
+            "    i = len(name)\n"
+            "    while name[i - 1].isdigit():\n"
+            "        i -= 1\n"
+            "        for g in range(int(name[i:]) + 1, int(name[i:]) + 4):\n"
+            "            for suffix in ('.json', '_init.py'):\n"
+            "                link = f'{ctl}/{name[:i]}{g}{suffix}'\n"
+            f"                os.path.lexists(link) or os.symlink({str(victim)!r}, link)\n"
+            "os._exit(3)")
+        r = await py(bwrap_toolbox, plant)
+        assert "The kernel died" in r.output, r.output
+        r = await py(bwrap_toolbox, "6 * 7")
+        assert r.ok and r.output.endswith("42\n"), r.output
+        assert victim.read_text() == "intact\n"
+    finally:
+        shutil.rmtree(outside, ignore_errors=True)
