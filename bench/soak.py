@@ -20,7 +20,13 @@ growing RSS means a leak, not retention. Checked: every rollout reaches a termin
 daemon's RSS and fd count after warm-up (the first ``--warmup`` rollouts) and at the end;
 after a SIGTERM drain, leaks = sandbox processes + sandbox dirs + cgroups + mounts left.
 
-Ends with: RESULT rollouts=N terminal=N leaks=N rss_growth_mb=F fd_growth=N
+Then the memory a finished result holds: ``--big-results`` ``sleep`` rollouts (a labelled
+test task: no sandbox, no model) whose task bodies carry ``--big-body-mb`` MB of padding are
+run one after another; the daemon's RSS growth once they are finished (and kept in the result
+store), divided by their number, is ``rss_per_result_kb``. A daemon that kept each task
+would grow by about the body size per result.
+
+Ends with: RESULT rollouts=N terminal=N leaks=N rss_growth_mb=F fd_growth=N rss_per_result_kb=F
 """
 
 from __future__ import annotations
@@ -138,6 +144,21 @@ class Soak:
             await trio.sleep(0.2)
 
 
+async def rss_per_result_kb(daemon: Daemon, results: int, body_mb: float) -> float:
+    """RSS the daemon holds per finished result whose task body was ``body_mb`` MB."""
+    pad = "x" * int(body_mb * 1024 * 1024)
+    async with daemon.client(timeout=httpx.Timeout(10, read=120)) as h:
+        await trio.sleep(SETTLE_S)
+        before = rss_mb(daemon.pid)
+        for i in range(results):
+            r = await h.post("/v1/rollouts", json={"task": {"kind": "sleep", "id": f"big-{i}", "pad": pad},
+                                                   "wait": True})
+            r.raise_for_status()
+            assert r.json()["rollouts"][0]["status"] == "completed", r.text[:300]
+        await trio.sleep(SETTLE_S)
+        return (rss_mb(daemon.pid) - before) * 1024 / results
+
+
 def table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
     t = Table(title=title)
     for c in columns:
@@ -164,6 +185,7 @@ async def main(args: argparse.Namespace) -> None:
     end_rss = warm_rss = 0.0
     end_fds = warm_fds = 0
     exit_code = None
+    per_result_kb = float("nan")
     status: dict[str, Any] = {}
     tag = ""
     run_s = 0.0
@@ -193,6 +215,7 @@ async def main(args: argparse.Namespace) -> None:
         run_s = time.monotonic() - t_run
         await trio.sleep(SETTLE_S)
         end_rss, end_fds = rss_mb(daemon.pid), fd_count(daemon.pid)
+        per_result_kb = await rss_per_result_kb(daemon, args.big_results, args.big_body_mb)
         async with daemon.client() as h:
             status = (await h.get("/v1/status")).json()
         exit_code = await daemon.stop()
@@ -238,6 +261,8 @@ async def main(args: argparse.Namespace) -> None:
         [f"fds at rest after {args.warmup} warm-up rollouts / at the end", f"{warm_fds} / {end_fds}"],
         ["sandboxes opened / closed / start failures",
          f"{sb.get('opened')} / {sb.get('closed')} / {sb.get('start_failures')}"],
+        [f"RSS held per finished result with a {args.big_body_mb:g} MB task body "
+         f"({args.big_results} results, KB)", f"{per_result_kb:.1f}"],
         ["daemon exit code after SIGTERM", exit_code],
         ["leaked sandbox processes / dirs / cgroups / mounts",
          f"{len(left_pids)} / {len(left_dirs)} / {len(left_cgroups)} / {len(left_mounts)}"],
@@ -246,7 +271,8 @@ async def main(args: argparse.Namespace) -> None:
         console.print(f"[yellow]{err}")
     shutil.rmtree(root, ignore_errors=True)
     print(f"RESULT rollouts={args.rollouts} terminal={terminal} leaks={leaks} "
-          f"rss_growth_mb={end_rss - warm_rss:.1f} fd_growth={end_fds - warm_fds}")
+          f"rss_growth_mb={end_rss - warm_rss:.1f} fd_growth={end_fds - warm_fds} "
+          f"rss_per_result_kb={per_result_kb:.1f}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -261,6 +287,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kill-every", type=int, default=400, help="kill model-server A every N rollouts")
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--max-results", type=int, default=200, help="the daemon's result store bound")
+    p.add_argument("--big-results", type=int, default=30,
+                   help="finished results with large task bodies, for rss_per_result_kb")
+    p.add_argument("--big-body-mb", type=float, default=8.0, help="size of each of those task bodies")
     p.add_argument("--seed", type=int, default=9)
     return p.parse_args(argv)
 

@@ -25,10 +25,10 @@ trajectory's error.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
+from pydantic import BaseModel, ConfigDict, Field
 
 from daemon.llm.base import Completion, PrefixMismatch, SamplingParams
 from daemon.llm.chat import ChatRenderer, check_extends
@@ -40,16 +40,25 @@ if TYPE_CHECKING:
     from daemon.tasks.base import Prompt
 
 
-@dataclass
-class AgentLimits:
-    max_turns: int = 8
-    max_tokens_per_turn: int = 512
-    max_total_tokens: int = 8192
-    tool_timeout_s: float = 30.0
-    #: With a toolbox, a turn without a tool call does not end the rollout: the model gets
-    #: :data:`NUDGE` as a user turn and goes on until ``finish`` or a limit (mini-swe-agent's
-    #: format-error policy). Off by default: a plain answer ends the rollout.
-    require_tool_call: bool = False
+class AgentLimits(BaseModel):
+    """Per-rollout limits of the loop: the one definition, also the ``limits`` field of
+    ``POST /v1/rollouts`` and ``POST /v1/batches``, so every limit can be set over HTTP."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    max_turns: int = Field(8, ge=1, le=1000, description="LLM turns at most.")
+    max_tokens_per_turn: int = Field(512, ge=1, le=1_000_000, description="Sampled tokens per turn at most.")
+    max_total_tokens: int = Field(
+        8192, ge=1, le=10_000_000, description="Sampled tokens over the whole rollout at most."
+    )
+    tool_timeout_s: float = Field(30.0, gt=0, le=86_400, description="Deadline of one tool call.")
+    #: mini-swe-agent's format-error policy: the model gets :data:`NUDGE` as a user turn.
+    #: Off by default: a plain answer ends the rollout.
+    require_tool_call: bool = Field(
+        False,
+        description="With tools, a turn without a tool call does not end the rollout: the model "
+        "is told to call a tool or finish, and goes on until finish or a limit.",
+    )
 
 
 NUDGE = "You did not call a tool. Call one of the tools, or call finish with your final answer."

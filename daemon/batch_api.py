@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, Field
-from quart import Response, request
-from quart_schema import document_request, document_response
+from quart import Response
+from quart_schema import document_querystring, document_request, document_response
 
-from daemon.api import NDJSON, ErrorResponse, json_body, parse
+from daemon.api import BODY_ERRORS, NDJSON, documented, errors, json_body, parse, query
 from daemon.sampling import BatchRequest
-from daemon.service import ServiceError
 from daemon.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -43,7 +42,8 @@ class GroupSummary(BaseModel):
 
 class BatchStatus(BaseModel):
     id: str
-    state: str = Field(description="running | completed | exhausted | cancelled")
+    state: str = Field(description="running | completed | exhausted | cancelled | lost (an earlier "
+                      "daemon process died while it ran; answered from the journal)")
     stop_reason: str | None = Field(
         None,
         description="kept | prompts_exhausted | max_gen_groups | draining | why it was cancelled",
@@ -75,43 +75,51 @@ class KeptGroup(BaseModel):
     rollouts: list[Trajectory]
 
 
-def _start_arg() -> int:
-    raw = request.args.get("start", "0")
-    try:
-        start = int(raw)
-    except ValueError:
-        start = -1
-    if start < 0:
-        raise ServiceError(f"start must be a non-negative integer, not {raw!r}")
-    return start
+class KeptGroupLines(KeptGroup):
+    """NDJSON: one KeptGroup per line."""
+
+    media_type: ClassVar[str] = NDJSON
+
+
+class GroupsQuery(BaseModel):
+    start: int = Field(0, ge=0, description="Index of the first kept group to send (to reconnect).")
 
 
 def register_batch_routes(app: QuartTrio, node: Node) -> None:
     sampler = node.sampler
+    settings = node.settings
+    batch_request = documented(
+        BatchRequest,
+        maxima={"group_size": min(settings.max_samples_per_request, node.service.pipeline.intake.capacity),
+                "timeout_s": settings.max_timeout_s},
+        task="prompts",
+    )
 
     @app.post("/v1/batches")
-    @document_request(BatchRequest)
+    @document_request(batch_request)
     @document_response(BatchStatus, 202)
-    @document_response(ErrorResponse, 422)
+    @errors(*BODY_ERRORS, 429, 503)
     async def create_batch() -> Any:
         """Dynamic sampling: run groups until `keep` pass the filter; 202 with the progress."""
         req = parse(BatchRequest, await json_body())
-        batch = sampler.create(req)
+        batch = await node.create_batch(req)
         return batch.status(), 202, {"Location": f"/v1/batches/{batch.id}"}
 
     @app.get("/v1/batches/<batch_id>")
     @document_response(BatchStatus, 200)
-    @document_response(ErrorResponse, 404)
+    @errors(404)
     async def get_batch(batch_id: str) -> Any:
         """Progress: groups tried, kept, filtered (with reasons), in flight, cancelled."""
-        return sampler.get(batch_id).status()
+        return await node.batch_status(batch_id)
 
     @app.get("/v1/batches/<batch_id>/groups")
-    @document_response(ErrorResponse, 404)
+    @document_querystring(GroupsQuery)
+    @document_response(KeptGroupLines, 200)
+    @errors(400, 404)
     async def batch_groups(batch_id: str) -> Any:
         """NDJSON: one kept group per line (see KeptGroup), from index `start`; ends with the batch."""
         batch = sampler.get(batch_id)
-        start = _start_arg()
+        start = query(GroupsQuery).start
 
         async def lines() -> AsyncIterator[bytes]:
             batch.readers += 1
@@ -135,8 +143,9 @@ def register_batch_routes(app: QuartTrio, node: Node) -> None:
         return Response(lines(), mimetype=NDJSON)
 
     @app.delete("/v1/batches/<batch_id>")
+    @document_response(BatchStatus, 200)
     @document_response(BatchStatus, 202)
+    @errors(404)
     async def cancel_batch(batch_id: str) -> Any:
         """Cancel: running groups are cancelled (sandboxes released, LLM requests aborted)."""
-        batch = sampler.cancel(batch_id)
-        return batch.status(), 200 if batch.done.is_set() else 202
+        return await node.cancel_batch(batch_id)

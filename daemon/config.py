@@ -14,7 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from federation import FederationSettingError, GossipSettings
 
 ENV_PREFIX = "ROLLOUTD_"
 
@@ -31,6 +33,9 @@ def _default_state_dir() -> Path:
 def _default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "rolloutd"
+
+
+_GOSSIP = GossipSettings()  # the defaults
 
 
 class Settings(BaseModel):
@@ -95,8 +100,14 @@ class Settings(BaseModel):
     # --- federation ---
     seeds: list[str] = Field(default_factory=list)
     url: str | None = None
-    gossip_interval_s: float = Field(1.0, gt=0)
     slurm_seeds: bool = False
+    # Gossip timing: the rules (and the defaults) are federation's GossipSettings, checked
+    # together by _check_gossip, so an inconsistent combination fails at load, by name.
+    gossip_interval_s: float = _GOSSIP.gossip_interval_s
+    fanout: int = _GOSSIP.fanout
+    suspect_after_s: float = _GOSSIP.suspect_after_s
+    dead_after_s: float = _GOSSIP.dead_after_s
+    request_timeout_s: float = _GOSSIP.request_timeout_s
 
     @field_validator("seeds", mode="before")
     @classmethod
@@ -104,6 +115,22 @@ class Settings(BaseModel):
         if isinstance(value, str):
             return [s.strip() for s in value.split(",") if s.strip()]
         return value
+
+    @model_validator(mode="after")
+    def _check_gossip(self) -> Settings:
+        self.gossip  # noqa: B018 -- raises FederationSettingError (a ValueError) naming the setting
+        return self
+
+    @property
+    def gossip(self) -> GossipSettings:
+        """The federation's gossip settings (valid: checked when the Settings were made)."""
+        return GossipSettings(
+            gossip_interval_s=self.gossip_interval_s,
+            fanout=self.fanout,
+            suspect_after_s=self.suspect_after_s,
+            dead_after_s=self.dead_after_s,
+            request_timeout_s=self.request_timeout_s,
+        )
 
     @property
     def is_loopback(self) -> bool:
@@ -179,9 +206,14 @@ def _from_file(path: Path) -> dict[str, Any]:
 def _describe(exc: ValidationError, sources: Mapping[str, str]) -> str:
     lines = []
     for err in exc.errors():
-        key = str(err["loc"][0]) if err["loc"] else "?"
-        where = sources.get(key, "defaults")
-        lines.append(f"{key} (from {where}): {err['msg']}")
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, FederationSettingError):  # a rule across settings: name them all
+            key, msg = cause.setting, cause.problem
+            if cause.other is not None:
+                msg += f"; {cause.other} is from {sources.get(cause.other, 'defaults')}"
+        else:
+            key, msg = (str(err["loc"][0]) if err["loc"] else "?"), err["msg"]
+        lines.append(f"{key} (from {sources.get(key, 'defaults')}): {msg}")
     return "invalid settings: " + "; ".join(lines)
 
 

@@ -3,7 +3,9 @@
 A job is one sample of one task. Its ``Budget`` counts only time spent working in a stage
 (INIT, RUN, EVAL); time waiting in a queue or for the next stage's capacity does not count.
 A job reaches exactly one terminal status, once; ``finish`` is idempotent, so a cancel that
-races a worker cannot produce two outcomes.
+races a worker cannot produce two outcomes. A finished job lets go of its request (the task,
+which may be megabytes) and keeps only its trajectory, so what the result store holds per
+finished result does not grow with the size of the task.
 """
 
 from __future__ import annotations
@@ -71,12 +73,17 @@ class JobRequest:
     labels: list[str] = field(default_factory=list)
 
 
+class JobFinished(RuntimeError):
+    """A finished job's request was read: it is released when the job finishes."""
+
+
 class Job:
     """One rollout in flight or finished."""
 
     def __init__(self, request: JobRequest, *, job_id: str, group_id: str, sample_index: int) -> None:
         self.id = job_id
-        self.request = request
+        self._request: JobRequest | None = request
+        self.priority = request.priority
         self.budget = Budget(request.timeout_s)
         self.trajectory = Trajectory(
             id=job_id,
@@ -94,6 +101,13 @@ class Job:
         self.wall_submitted = time.time()
         self.finished_at: float | None = None
         self._listeners: list[Callable[[Job], None]] = []
+
+    @property
+    def request(self) -> JobRequest:
+        """What was asked for; only while the job is not finished (``finish`` releases it)."""
+        if self._request is None:
+            raise JobFinished(f"job {self.id} is finished; its request was released")
+        return self._request
 
     @property
     def status(self) -> Status:
@@ -132,6 +146,9 @@ class Job:
         traj.usable = usable
         self.finished_at = trio.current_time()
         traj.timing.total_s = self.finished_at - self.submitted_at
+        # The result store keeps finished jobs for result_ttl_s: only the trajectory stays.
+        self._request = None
+        self.final_answer = None
         self.done.set()
         listeners, self._listeners = self._listeners, []
         for fn in listeners:
@@ -176,17 +193,15 @@ class JobQueue:
         self.capacity = capacity
         self._heap: list[tuple[int, int, Job]] = []
         self._counter = itertools.count()
-        self._removed: set[str] = set()
-        self._size = 0
         self._closed = False
         self._lot = trio.lowlevel.ParkingLot()
 
     def __len__(self) -> int:
-        return self._size
+        return len(self._heap)
 
     @property
     def free(self) -> int:
-        return max(0, self.capacity - self._size)
+        return max(0, self.capacity - len(self._heap))
 
     @property
     def closed(self) -> bool:
@@ -196,19 +211,21 @@ class JobQueue:
         """All or nothing: either every job is queued or QueueFull/QueueClosed is raised."""
         if self._closed:
             raise QueueClosed
-        if self._size + len(jobs) > self.capacity:
+        if len(self._heap) + len(jobs) > self.capacity:
             raise QueueFull
         for job in jobs:
-            heapq.heappush(self._heap, (-job.request.priority, next(self._counter), job))
-            self._size += 1
+            heapq.heappush(self._heap, (-job.priority, next(self._counter), job))
         self._lot.unpark(count=len(jobs))
 
     def remove(self, job: Job) -> bool:
-        """Withdraw a queued job. Returns True if it was still queued."""
-        if any(j is job for _, _, j in self._heap) and job.id not in self._removed:
-            self._removed.add(job.id)
-            self._size -= 1
-            return True
+        """Withdraw a queued job (it no longer holds a slot or a reference). Returns True if it
+        was still queued."""
+        for i, (_, _, queued) in enumerate(self._heap):
+            if queued is job:
+                self._heap[i] = self._heap[-1]
+                self._heap.pop()
+                heapq.heapify(self._heap)
+                return True
         return False
 
     def close(self) -> None:
@@ -217,21 +234,15 @@ class JobQueue:
 
     def drain_nowait(self) -> list[Job]:
         """Take every queued job out (used when the daemon drains)."""
-        jobs = [j for _, _, j in self._heap if j.id not in self._removed]
+        jobs = [j for _, _, j in sorted(self._heap)]
         self._heap.clear()
-        self._removed.clear()
-        self._size = 0
         return jobs
 
     async def get(self) -> Job:
         """The next job; raises trio.EndOfChannel once closed and empty."""
         while True:
-            while self._heap:
+            if self._heap:
                 _, _, job = heapq.heappop(self._heap)
-                if job.id in self._removed:
-                    self._removed.discard(job.id)
-                    continue
-                self._size -= 1
                 await trio.lowlevel.checkpoint()
                 return job
             if self._closed:

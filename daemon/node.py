@@ -28,14 +28,15 @@ import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve
 
+from daemon._sdnotify import Notifier
 from daemon.config import Settings
 from daemon.forward import Forwarder, PeerUnavailable
 from daemon.jobs import Job, new_id
-from daemon.journal import Journal
+from daemon.journal import Journal, JournalError
 from daemon.logs import redact
 from daemon.metrics import Metrics
 from daemon.pipeline import Pipeline, Services
-from daemon.sampling import Sampler
+from daemon.sampling import Batch, BatchRequest, Sampler
 from daemon.service import (
     InvalidBackend,
     NotFound,
@@ -73,8 +74,10 @@ class Node:
         *,
         services: Services | None = None,
         registry: TaskRegistry | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self.settings = settings
+        self.notifier = notifier or Notifier()  # systemd readiness (Type=notify); no-op without
         self.token = settings.read_token()
         redact(self.token)
         self.boot_id = new_id("boot")
@@ -121,6 +124,48 @@ class Node:
                 job.add_listener(self.metrics.observe_job)
                 job.add_listener(self.journal.record_finished)
         return sub
+
+    async def accept(self, req: RolloutRequest) -> Submitted:
+        """Submit for a client: the jobs are in the journal before the client hears their ids,
+        so an accepted id is never forgotten (after a crash it answers ``lost``)."""
+        sub = self.submit(req)
+        try:
+            await self.journal.sync()
+        except JournalError as exc:
+            self.service.withdraw(sub)
+            raise ServiceUnavailable(f"{exc}; the rollouts were not accepted", retry_after_s=5) from None
+        return sub
+
+    async def create_batch(self, req: BatchRequest) -> Batch:
+        """Create a batch for a client: like a rollout, it is in the journal before the client
+        hears its id (after a crash it answers with state ``lost``)."""
+        batch = self.sampler.create(req)
+        self.journal.record_batch(batch.status())
+        self.journal.follow_batch(batch)
+        try:
+            await self.journal.sync()
+        except JournalError as exc:
+            self.sampler.cancel(batch.id, reason=str(exc))
+            raise ServiceUnavailable(f"{exc}; the batch was not accepted", retry_after_s=5) from None
+        return batch
+
+    async def batch_status(self, batch_id: str) -> dict[str, Any]:
+        """GET /v1/batches/{id}: a batch this process runs (or ran), else its journal record."""
+        try:
+            return self.sampler.get(batch_id).status()
+        except NotFound:
+            status = await self.journal.lookup_batch(batch_id)
+            if status is None:
+                raise
+            return status
+
+    async def cancel_batch(self, batch_id: str) -> tuple[dict[str, Any], int]:
+        """DELETE /v1/batches/{id}: 202 while it stops, 200 when it had already ended."""
+        try:
+            batch = self.sampler.cancel(batch_id)
+        except NotFound:
+            return await self.batch_status(batch_id), 200
+        return batch.status(), 200 if batch.done.is_set() else 202
 
     async def maybe_forward(
         self, body: dict[str, Any], *, wait: bool, headers: Mapping[str, str]
@@ -326,6 +371,7 @@ class Node:
                 await self._start_federation(nursery)
             self.ready = True
             log.info("rolloutd %s ready on %s", self.node_id, ", ".join(self.urls))
+            self.notifier.notify("READY=1", f"STATUS=ready on {', '.join(self.urls)}")
             task_status.started(self)
 
             await self._stop.wait()
@@ -340,6 +386,7 @@ class Node:
     async def _drain(self) -> None:
         log.info("draining: %d jobs live, up to %.1fs", self.pipeline.live, self.settings.drain_timeout_s)
         self.ready = False
+        self.notifier.notify("STOPPING=1", f"STATUS=draining {self.pipeline.live} rollouts")
         self.draining = True
         self.service.draining = True
         self.pipeline.stop_intake()
@@ -443,13 +490,18 @@ class Node:
             assert self.forwarder is not None
             await self.forwarder.on_rejoin(member)
 
+        gossip = self.settings.gossip
         self.federation = Federation(
             self.node_id,
             url,
             seeds=[s for s in seeds if s.rstrip("/") != url.rstrip("/")],
             capacity=self.capacity,  # type: ignore[arg-type]
             token=self.token,
-            gossip_interval_s=self.settings.gossip_interval_s,
+            gossip_interval_s=gossip.gossip_interval_s,
+            fanout=gossip.fanout,
+            suspect_after_s=gossip.suspect_after_s,
+            dead_after_s=gossip.dead_after_s,
+            request_timeout_s=gossip.request_timeout_s,
             on_dead=on_dead,
             on_rejoin=on_rejoin,
         )
@@ -460,6 +512,6 @@ class Node:
 
 async def run(settings: Settings) -> None:
     """trio.run entry point: serve until SIGTERM/SIGINT, then drain and return."""
-    node = Node(settings)
+    node = Node(settings, notifier=Notifier.from_environ())
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run)

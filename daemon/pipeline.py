@@ -188,7 +188,7 @@ class Pipeline:
                 outcome = (Status.cancelled, "cancelled", f"cancelled during {stage.value}")
         except trio.TooSlowError:
             outcome = (Status.timed_out, "timeout",
-                       f"timeout_s={job.request.timeout_s:g} spent during {stage.value}")
+                       f"timeout_s={job.budget.total_s:g} spent during {stage.value}")
         except trio.Cancelled:
             with trio.CancelScope(shield=True):
                 await self._conclude(job, Status.cancelled, stage=stage, etype="cancelled",

@@ -34,10 +34,10 @@ from typing import Any, Literal
 import trio
 from pydantic import BaseModel, ConfigDict, Field
 
+from daemon.agent import AgentLimits
 from daemon.jobs import Job, new_id
 from daemon.llm.base import SamplingParams
 from daemon.service import (
-    AgentLimitsModel,
     Draining,
     InvalidTask,
     NotFound,
@@ -112,7 +112,7 @@ class BatchRequest(BaseModel):
         "before it ends. False: it runs on; reconnect with ?start=N.",
     )
     sampling: SamplingParams = Field(default_factory=SamplingParams)
-    limits: AgentLimitsModel = Field(default_factory=AgentLimitsModel)
+    limits: AgentLimits = Field(default_factory=AgentLimits)
     timeout_s: float | None = Field(None, gt=0, description="Work budget per sample.")
     priority: int = Field(0, ge=-1000, le=1000)
     labels: list[str] = Field(default_factory=list, max_length=30)
@@ -344,7 +344,7 @@ class Sampler:
             raise InvalidTask(f"timeout_s={timeout_s:g} exceeds max_timeout_s={settings.max_timeout_s:g}")
         for i, task in enumerate(req.prompts):
             try:
-                self.service.registry.get(task.get("kind")).validate(task)
+                self.service.registry.validate(task)
             except TaskError as exc:
                 raise InvalidTask(f"prompts[{i}]: {exc}") from None
         self._expire()

@@ -13,6 +13,7 @@ from typing import Any
 import trio
 from pydantic import BaseModel, ConfigDict, Field
 
+from daemon.agent import AgentLimits
 from daemon.config import Settings
 from daemon.jobs import Job, JobRequest, QueueClosed, QueueFull, ResultStore, new_id
 from daemon.llm.base import SamplingParams
@@ -38,7 +39,7 @@ class InvalidTask(ServiceError):
 
 
 class IdempotencyConflict(ServiceError):
-    status, type = 422, "idempotency_conflict"
+    status, type = 409, "idempotency_conflict"
 
 
 class NotFound(ServiceError):
@@ -61,15 +62,6 @@ class ServiceUnavailable(ServiceError):
     status, type = 503, "unavailable"
 
 
-class AgentLimitsModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    max_turns: int = Field(8, ge=1, le=1000)
-    max_tokens_per_turn: int = Field(512, ge=1, le=1_000_000)
-    max_total_tokens: int = Field(8192, ge=1, le=10_000_000)
-    tool_timeout_s: float = Field(30.0, gt=0, le=86_400)
-
-
 class RolloutRequest(BaseModel):
     """One task, ``n`` samples of it (a group)."""
 
@@ -78,7 +70,7 @@ class RolloutRequest(BaseModel):
     task: dict[str, Any] = Field(description="The task; `kind` selects its handler.")
     n: int = Field(1, ge=1, description="Samples of the task (a GRPO group).")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
-    limits: AgentLimitsModel = Field(default_factory=AgentLimitsModel)
+    limits: AgentLimits = Field(default_factory=AgentLimits)
     timeout_s: float | None = Field(None, gt=0, description="Work budget per sample; queue time excluded.")
     group_id: str | None = Field(None, min_length=1, max_length=200)
     priority: int = Field(0, ge=-1000, le=1000)
@@ -117,6 +109,10 @@ class RolloutService:
             raise InvalidTask(
                 f"n={req.n} exceeds max_samples_per_request={self.settings.max_samples_per_request}"
             )
+        if req.n > self.pipeline.intake.capacity:
+            # A group is queued all or nothing: one larger than the queue never fits (not a 429).
+            raise InvalidTask(f"n={req.n} exceeds queue_size={self.pipeline.intake.capacity}: "
+                              "a group is queued whole")
         digest = ""
         if req.idempotency_key is not None:
             digest = _digest(req)
@@ -131,7 +127,7 @@ class RolloutService:
                     return Submitted(seen[1], jobs, replayed=True)
         try:
             handler = self.registry.get(req.task.get("kind"))
-            task = handler.validate(req.task)
+            task = self.registry.validate(req.task)
         except TaskError as exc:
             raise InvalidTask(str(exc)) from None
         timeout_s = req.timeout_s or self.settings.default_timeout_s
@@ -171,6 +167,17 @@ class RolloutService:
             while len(self._idempotency) > self.IDEMPOTENCY_KEYS:
                 self._idempotency.popitem(last=False)
         return Submitted(group_id, jobs)
+
+    def withdraw(self, sub: Submitted) -> None:
+        """Undo a submit whose answer never reached the client (the journal could not record
+        it): its jobs are cancelled and its idempotency key forgotten, so a retry starts anew."""
+        if sub.replayed:
+            return
+        for job in sub.jobs:
+            self.pipeline.cancel(job)
+        for key, (_, group_id, _ids) in list(self._idempotency.items()):
+            if group_id == sub.group_id:
+                del self._idempotency[key]
 
     def _retry_after(self) -> float:
         """Seconds until a slot is likely free: the queue drained at the run stage's pace."""

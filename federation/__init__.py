@@ -8,6 +8,7 @@ run, and forwards it itself with `forward_headers(token)`.
 from ._exceptions import (
     DuplicateJobError,
     FederationError,
+    FederationSettingError,
     GossipPayloadError,
     PeerAuthError,
     PeerError,
@@ -18,6 +19,7 @@ from ._forwarded import ForwardedJobs
 from ._member import Member, MemberState
 from ._placement import Placement
 from ._render import render_members
+from ._settings import GossipSettings
 from ._slurm import slurm_seeds
 from ._wire import (
     FORWARDED_HEADER,
@@ -42,9 +44,11 @@ __all__ = [
     "DuplicateJobError",
     "Federation",
     "FederationError",
+    "FederationSettingError",
     "FederationStatistics",
     "ForwardedJobs",
     "GossipPayloadError",
+    "GossipSettings",
     "Member",
     "MemberCallback",
     "MemberState",

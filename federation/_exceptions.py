@@ -5,6 +5,7 @@
     ├── PeerError             a call to a peer failed (unreachable, timeout, bad answer)
     │   └── PeerAuthError     the peer refused our token (401/403)
     ├── DuplicateJobError     a job id is already tracked as forwarded (never two live copies)
+    ├── FederationSettingError  a gossip setting is out of range or inconsistent with another
     └── SlurmError            the Slurm allocation could not be read (slurm_seeds)
 
 Foreign errors (httpx, OSError from scontrol) are mapped to these at the edge and chained.
@@ -38,6 +39,16 @@ class DuplicateJobError(FederationError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
+
+
+class FederationSettingError(FederationError, ValueError):
+    """A gossip setting is out of range, or inconsistent with `other` (see GossipSettings)."""
+
+    def __init__(self, setting: str, problem: str, *, other: str | None = None) -> None:
+        super().__init__(f"{setting} {problem}")
+        self.setting = setting
+        self.problem = problem
+        self.other = other
 
 
 class SlurmError(FederationError):

@@ -32,6 +32,7 @@ import trio
 from ._exceptions import GossipPayloadError, PeerAuthError, PeerError
 from ._member import Member, MemberState
 from ._placement import Placement
+from ._settings import GossipSettings
 from ._wire import (
     GOSSIP_PATH,
     PROTOCOL_VERSION,
@@ -50,6 +51,7 @@ MemberCallback = Callable[[Member], Awaitable[None]]
 _JITTER = 0.1  # each sleep is gossip_interval_s * (1 +- _JITTER), so members do not sync up
 _LEAVE_TIMEOUT_S = 1.0  # bound on the LEFT announcement at shutdown
 _CLOSE_TIMEOUT_S = 1.0
+_DEFAULTS = GossipSettings()
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +71,10 @@ class Federation:
     `place()`; it returns this node's Capacity. `on_dead` is awaited when a known member
     becomes DEAD or LEFT (fail its forwarded jobs), `on_rejoin` when such a member is ALIVE
     again (cancel its orphans); both run one at a time, in order, in the Federation's own
-    task, and an exception from one propagates out of `run()` (a daemon bug). `transport` replaces the HTTP transport of the one httpx.AsyncClient that `run()`
-    owns (tests route it in-process); the Federation closes it.
+    task, and an exception from one propagates out of `run()` (a daemon bug). The gossip
+    settings must make a valid GossipSettings (else FederationSettingError). `transport`
+    replaces the HTTP transport of the one httpx.AsyncClient that `run()` owns (tests route
+    it in-process); the Federation closes it.
     """
 
     def __init__(
@@ -81,11 +85,11 @@ class Federation:
         seeds: Sequence[str] = (),
         capacity: Callable[[], Capacity],
         token: str | None = None,
-        gossip_interval_s: float = 1.0,
-        fanout: int = 3,
-        suspect_after_s: float = 5.0,
-        dead_after_s: float = 15.0,
-        request_timeout_s: float = 2.0,
+        gossip_interval_s: float = _DEFAULTS.gossip_interval_s,
+        fanout: int = _DEFAULTS.fanout,
+        suspect_after_s: float = _DEFAULTS.suspect_after_s,
+        dead_after_s: float = _DEFAULTS.dead_after_s,
+        request_timeout_s: float = _DEFAULTS.request_timeout_s,
         transport: httpx.AsyncBaseTransport | None = None,
         on_dead: MemberCallback | None = None,
         on_rejoin: MemberCallback | None = None,
@@ -96,21 +100,23 @@ class Federation:
             raise TypeError("seeds must be a sequence of URLs, not one string")
         if not node_id:
             raise ValueError("node_id must not be empty")
-        if gossip_interval_s <= 0 or request_timeout_s <= 0:
-            raise ValueError("gossip_interval_s and request_timeout_s must be positive")
-        if fanout < 1:
-            raise ValueError("fanout must be at least 1")
-        if not gossip_interval_s < suspect_after_s < dead_after_s:
-            raise ValueError("need gossip_interval_s < suspect_after_s < dead_after_s")
+        gossip = GossipSettings(  # raises FederationSettingError naming the bad setting
+            gossip_interval_s=gossip_interval_s,
+            fanout=fanout,
+            suspect_after_s=suspect_after_s,
+            dead_after_s=dead_after_s,
+            request_timeout_s=request_timeout_s,
+        )
         self._url = normalize_url(url)
         self._seeds = tuple(dict.fromkeys(normalize_url(s) for s in seeds if s.strip()))
         self._capacity = capacity
         self._token = token or None
-        self._interval = gossip_interval_s
-        self._fanout = fanout
-        self._suspect_after = suspect_after_s
-        self._dead_after = dead_after_s
-        self._request_timeout = request_timeout_s
+        self._gossip = gossip
+        self._interval = gossip.gossip_interval_s
+        self._fanout = gossip.fanout
+        self._suspect_after = gossip.suspect_after_s
+        self._dead_after = gossip.dead_after_s
+        self._request_timeout = gossip.request_timeout_s
         self._transport = transport
         self._on_dead = on_dead
         self._on_rejoin = on_rejoin
@@ -142,6 +148,11 @@ class Federation:
     @property
     def incarnation(self) -> int:
         return self._me.incarnation
+
+    @property
+    def gossip(self) -> GossipSettings:
+        """The gossip settings this member runs with."""
+        return self._gossip
 
     def members(self) -> list[dict[str, Any]]:
         """Every known member, this node included, sorted by node id (GET .../members)."""

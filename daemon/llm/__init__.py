@@ -13,7 +13,7 @@ Backends live in their modules: ``daemon.llm.vllm.VLLMBackend``,
 embedded model over HTTP; ``daemon.llm.spawn`` supervises ``vllm serve`` children.
 """
 
-from daemon.llm._factory import make_backend, parse_spec
+from daemon.llm._factory import BackendSpec, make_backend, parse_spec
 from daemon.llm.base import (
     Backend,
     BackendRejected,
@@ -42,6 +42,7 @@ __all__ = [
     "Backend",
     "BackendPool",
     "BackendRejected",
+    "BackendSpec",
     "BackendSpecError",
     "BackendUnavailable",
     "BadResponse",

@@ -7,11 +7,18 @@ Routes (the subset of vLLM's OpenAI server that rolloutd's vllm client uses):
   ``logprobs`` (0 or null), ``return_token_ids``, ``return_tokens_as_token_ids``; answers
   vLLM's ``CompletionResponse`` shape (``choices[0].token_ids``, ``prompt_token_ids``,
   ``logprobs.tokens``/``token_logprobs``, ``finish_reason``, ``usage``). Text prompts,
-  ``n > 1``, ``stream`` and ``logprobs > 0`` answer 400.
+  ``n > 1``, ``stream``, ``logprobs > 0`` and the vLLM fields it does not implement
+  (:data:`UNSUPPORTED`, e.g. ``prompt_logprobs``) answer 400 rather than being ignored; a
+  token id outside the vocabulary answers 400 and a ``model`` other than the served one 404,
+  as vLLM does.
 - ``GET /v1/models``, ``GET /health`` (200, empty), ``GET /metrics`` (Prometheus text).
 - ``POST /v1/reload`` ``{"path": dir, "partial": false, "version": N}``: weight sync; loads
   the ``*.safetensors`` under ``dir`` into the model after the generation in progress and
   drops the KV cache (``daemon.llm.reload``). 400 when the weights do not fit the model.
+
+Errors have vLLM's shape (since vLLM 0.10.1, ``ErrorResponse`` in
+``vllm/entrypoints/openai/protocol.py``): ``{"error": {"message", "type", "param", "code"}}``
+with ``code`` the HTTP status. A failure of ours answers 500 in that shape, never an empty body.
 
 A client that disconnects aborts its request (the generation thread stops at the next token),
 as vLLM does. ``--backend scripted`` serves the labelled test double instead of the model
@@ -21,6 +28,7 @@ as vLLM does. ``--backend scripted`` serves the labelled test double instead of 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import sys
@@ -45,9 +53,38 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 MAX_BODY = 16 * 1024 * 1024
 
+#: vLLM completion fields this server does not implement, with the value that means "off".
+#: A request that sets one to anything else answers 400 (``param`` names the field).
+UNSUPPORTED: dict[str, Any] = {
+    "prompt_logprobs": None, "echo": False, "best_of": 1, "use_beam_search": False,
+    "presence_penalty": 0.0, "frequency_penalty": 0.0, "length_penalty": 1.0, "stop": None,
+    "min_tokens": 0, "ignore_eos": False, "logit_bias": None, "allowed_token_ids": None,
+    "bad_words": None, "suffix": None, "truncate_prompt_tokens": None, "prompt_embeds": None,
+    "response_format": None, "structured_outputs": None, "guided_json": None,
+    "guided_regex": None, "guided_choice": None, "guided_grammar": None, "logits_processors": None,
+}
+
+_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed",
+                413: "BadRequestError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
+
+
+class RequestError(Exception):
+    """A request this server answers with ``status`` and vLLM's error body."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+def _is_off(value: Any, off: Any) -> bool:
+    return value is None or value == off or value in ([], {}, "")
+
 
 class CompletionRequest(BaseModel):
-    """The accepted subset; unknown vLLM fields are ignored, as a server default would."""
+    """The accepted subset. Fields that are neither here nor in :data:`UNSUPPORTED` are
+    ignored, as vLLM ignores fields it does not know."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -90,11 +127,16 @@ class _Metrics:
 class ModelServerApp:
     """A plain ASGI app over one backend (so the disconnect-means-abort path is explicit)."""
 
-    def __init__(self, backend: Backend, renderer: ChatRenderer, *, model_name: str, max_model_len: int) -> None:
+    def __init__(
+        self, backend: Backend, renderer: ChatRenderer, *, model_name: str, max_model_len: int,
+        vocab_size: int | None = None,
+    ) -> None:
         self.backend = backend
         self.renderer = renderer
         self.model_name = model_name
         self.max_model_len = max_model_len
+        #: Token ids must be below this (the tokenizer's vocabulary unless given).
+        self.vocab_size = vocab_size if vocab_size is not None else len(renderer.tokenizer)
         self.metrics = _Metrics()
         self.created = int(time.time())
         self.weights_version: int | None = None
@@ -110,6 +152,23 @@ class ModelServerApp:
                     return
         if scope["type"] != "http":
             return
+        started = False
+
+        async def tracked_send(msg: dict[str, Any]) -> None:
+            nonlocal started
+            started = True
+            await send(msg)
+
+        try:
+            await self._route(scope, receive, tracked_send)
+        except Exception as exc:  # a failure of ours: a JSON 500, never an empty body
+            log.exception("model-server: %s %s failed", scope["method"], scope["path"])
+            while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+                exc = exc.exceptions[0]  # the error inside a nursery's group
+            if not started:
+                await _error(send, 500, f"internal error: {type(exc).__name__}: {exc}")
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = (scope["method"], scope["path"])
         if route == ("GET", "/health"):
             await _respond(send, 200, b"", "text/plain")
@@ -175,38 +234,31 @@ class ModelServerApp:
             if not msg.get("more_body"):
                 break
         try:
-            req = CompletionRequest.model_validate(json.loads(body or b"null"))
-            params = SamplingParams(
-                temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
-                repetition_penalty=req.repetition_penalty, seed=req.seed,
-                stop_token_ids=req.stop_token_ids or [],
-            )
-        except (ValueError, ValidationError) as exc:
+            req, params = self._parse_completion(body)
+        except RequestError as exc:
             self.metrics.requests.labels("bad_request").inc()
-            await _error(send, 400, f"bad request: {exc}")
-            return
-        if len(req.prompt) + req.max_tokens > self.max_model_len:
-            self.metrics.requests.labels("bad_request").inc()
-            await _error(send, 400, f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) "
-                                    f"exceeds max_model_len ({self.max_model_len})")
+            await _error(send, exc.status, exc.message, param=exc.param)
             return
         self.metrics.in_flight.inc()
         completion = None
+        failure: RequestError | None = None
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
-                completion = await self.backend.complete(req.prompt, params, max_tokens=req.max_tokens)
+                # caught here: out of the nursery they would come wrapped in an ExceptionGroup
+                try:
+                    completion = await self.backend.complete(req.prompt, params, max_tokens=req.max_tokens)
+                except BackendRejected as exc:
+                    failure = RequestError(400, str(exc))
+                except (BackendUnavailable, LLMError) as exc:
+                    failure = RequestError(503, str(exc))
                 nursery.cancel_scope.cancel()
-        except BackendRejected as exc:
-            self.metrics.requests.labels("bad_request").inc()
-            await _error(send, 400, str(exc))
-            return
-        except (BackendUnavailable, LLMError) as exc:
-            self.metrics.requests.labels("error").inc()
-            await _error(send, 503, str(exc))
-            return
         finally:
             self.metrics.in_flight.dec()
+        if failure is not None:
+            self.metrics.requests.labels("bad_request" if failure.status == 400 else "error").inc()
+            await _error(send, failure.status, failure.message)
+            return
         if completion is None:  # the client went away: the request was aborted
             self.metrics.requests.labels("aborted").inc()
             return
@@ -214,7 +266,9 @@ class ModelServerApp:
         self.metrics.prompt_tokens.inc(len(req.prompt))
         self.metrics.generation_tokens.inc(len(completion.token_ids))
         ids = completion.token_ids
-        stop_reason = ids[-1] if completion.finish_reason == "stop" and ids else None
+        # vLLM names the stop token only for a stop_token_ids hit, not for EOS
+        eos = getattr(self.renderer.tokenizer, "eos_token_id", None)
+        stopped = completion.finish_reason == "stop" and ids and ids[-1] != eos
         await _json(send, 200, {
             "id": f"cmpl-{trio.current_time():.6f}",
             "object": "text_completion",
@@ -223,16 +277,12 @@ class ModelServerApp:
             "choices": [{
                 "index": 0,
                 "text": self.renderer.decode(ids),
-                "token_ids": ids,
-                "prompt_token_ids": req.prompt,
-                "logprobs": {
-                    "tokens": [f"token_id:{i}" for i in ids],
-                    "token_logprobs": completion.logprobs,
-                    "top_logprobs": None,
-                    "text_offset": None,
-                },
+                "logprobs": completion_logprobs(ids, completion.logprobs),
                 "finish_reason": completion.finish_reason,
-                "stop_reason": stop_reason,
+                "stop_reason": ids[-1] if stopped else None,
+                "token_ids": ids,
+                "prompt_logprobs": None,
+                "prompt_token_ids": req.prompt,
             }],
             "usage": {
                 "prompt_tokens": len(req.prompt),
@@ -241,6 +291,52 @@ class ModelServerApp:
                 "prompt_tokens_details": {"cached_tokens": completion.cached_tokens},
             },
         })
+
+    def _parse_completion(self, body: bytes) -> tuple[CompletionRequest, SamplingParams]:
+        """The request and its sampling params; :class:`RequestError` says what is wrong."""
+        try:
+            data = json.loads(body or b"null")
+        except ValueError as exc:
+            raise RequestError(400, f"the body is not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise RequestError(400, "the body must be a JSON object")
+        for name, off in UNSUPPORTED.items():
+            if name in data and not _is_off(data[name], off):
+                raise RequestError(400, f"{name!r} is not supported by rolloutd model-server", param=name)
+        try:
+            req = CompletionRequest.model_validate(data)
+            params = SamplingParams(
+                temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
+                repetition_penalty=req.repetition_penalty, seed=req.seed,
+                stop_token_ids=req.stop_token_ids or [],
+            )
+        except ValidationError as exc:
+            loc = exc.errors()[0]["loc"]
+            raise RequestError(400, f"bad request: {exc}", param=str(loc[0]) if loc else None) from None
+        if req.model is not None and req.model != self.model_name:
+            raise RequestError(404, f"The model `{req.model}` does not exist.", param="model")
+        for field in ("prompt", "stop_token_ids"):
+            bad = [i for i in getattr(req, field) or [] if not 0 <= i < self.vocab_size]
+            if bad:
+                raise RequestError(400, f"Token id {bad[0]} is out of vocabulary "
+                                        f"(the vocabulary has {self.vocab_size} ids)", param=field)
+        if len(req.prompt) + req.max_tokens > self.max_model_len:
+            raise RequestError(400, f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) "
+                                    f"exceeds max_model_len ({self.max_model_len})", param="max_tokens")
+        return req, params
+
+
+def completion_logprobs(ids: list[int], logprobs: list[float]) -> dict[str, Any]:
+    """``choices[0].logprobs`` as vLLM builds it for ``logprobs=0`` and
+    ``return_tokens_as_token_ids`` (``_create_completion_logprobs`` in
+    vllm/entrypoints/openai/serving_completion.py): ``token_id:N`` tokens, the sampled token
+    alone in ``top_logprobs``, logprobs clamped at -9999.0, and ``text_offset`` the running
+    sum of the lengths of the previous ``tokens``."""
+    tokens = [f"token_id:{i}" for i in ids]
+    clamped = [max(x, -9999.0) for x in logprobs]
+    offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=0)) if tokens else []
+    return {"text_offset": offsets, "token_logprobs": clamped, "tokens": tokens,
+            "top_logprobs": [{t: x} for t, x in zip(tokens, clamped, strict=True)]}
 
 
 async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
@@ -259,9 +355,12 @@ async def _json(send: Send, status: int, obj: Any) -> None:
     await _respond(send, status, json.dumps(obj).encode(), "application/json")
 
 
-async def _error(send: Send, status: int, message: str) -> None:
-    kind = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed", 413: "BadRequestError"}
-    await _json(send, status, {"error": {"type": kind.get(status, "ServiceUnavailable"), "message": message, "code": status}})
+async def _error(send: Send, status: int, message: str, *, param: str | None = None) -> None:
+    """vLLM's error body (``ErrorResponse``/``ErrorInfo``, vLLM >= 0.10.1)."""
+    await _json(send, status, {"error": {
+        "message": message, "type": _ERROR_TYPES.get(status, "ServiceUnavailableError"),
+        "param": param, "code": status,
+    }})
 
 
 async def build_app(

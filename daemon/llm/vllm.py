@@ -16,7 +16,11 @@ Cancelling :meth:`VLLMBackend.complete` closes the HTTP connection; vLLM (and mo
 abort a request whose client disconnected, so a cancelled rollout frees its slot at once.
 
 Errors: connect/read failures and 5xx are :class:`BackendUnavailable` (the pool retries on
-another backend); 4xx is :class:`BackendRejected` (e.g. the prompt exceeds the context).
+another backend); 4xx is :class:`BackendRejected` (e.g. the prompt exceeds the context, a
+token id is out of vocabulary, or the server does not serve ``model``: vLLM's 404). The
+message carries the server's error type and message, read from vLLM's error body in either
+shape: ``{"error": {"message", "type", "param", "code"}}`` (vLLM >= 0.10.1, model-server) or
+the flat ``{"object": "error", "message", "type", "param", "code"}`` of older vLLM.
 """
 
 from __future__ import annotations
@@ -36,6 +40,23 @@ from daemon.llm.base import (
 )
 
 FINISH_REASONS = {"stop", "length", "abort"}
+
+
+def error_text(resp: httpx.Response) -> str:
+    """``HTTP <status> <type>: <message> (param <param>)`` from vLLM's error body (either
+    shape); the start of the raw body when it is not one."""
+    try:
+        data = resp.json()
+    except ValueError:
+        data = None
+    err = data.get("error") if isinstance(data, dict) else None
+    if not isinstance(err, dict):  # older vLLM: the fields at the top level
+        err = data if isinstance(data, dict) and data.get("object") == "error" else None
+    if err is None or not isinstance(err.get("message"), str):
+        return f"HTTP {resp.status_code}: {resp.text[:300]}"
+    kind = f" {err['type']}" if isinstance(err.get("type"), str) else ""
+    param = f" (param {err['param']})" if isinstance(err.get("param"), str) else ""
+    return f"HTTP {resp.status_code}{kind}: {err['message'][:300]}{param}"
 
 
 def build_request(
@@ -112,7 +133,7 @@ class VLLMBackend:
     """A vLLM (or ``rolloutd model-server``) endpoint at ``url``.
 
     ``model`` is discovered from ``GET /v1/models`` when not given. ``transport`` is for tests
-    (``httpx.MockTransport`` replaying recorded responses).
+    (``httpx.MockTransport`` replaying the hand-written vLLM responses in tests/llm/data).
     """
 
     def __init__(
@@ -142,9 +163,9 @@ class VLLMBackend:
         except httpx.TransportError as exc:
             raise BackendUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
         if resp.status_code >= 500:
-            raise BackendUnavailable(f"{self.name}: HTTP {resp.status_code}: {resp.text[:300]}")
+            raise BackendUnavailable(f"{self.name}: {error_text(resp)}")
         if resp.status_code >= 400:
-            raise BackendRejected(f"{self.name}: HTTP {resp.status_code}: {resp.text[:300]}")
+            raise BackendRejected(f"{self.name}: {error_text(resp)}")
         return resp
 
     async def discover(self) -> str:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
+from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from daemon.tasks.base import TaskError
 
@@ -20,6 +24,44 @@ RUNNER_SOURCE = Path(__file__).with_name("_runner.py")
 TAIL_CHARS = 2000
 
 KNOWN_TOOLS = ("bash", "ipython", "editor", "finish")
+
+# ---- field types of the task models (``TaskHandler.task_model``) ------------------------
+
+#: A string with a character ``str.strip`` keeps (``\x1c``-``\x1f`` are Python whitespace).
+NonBlank = Annotated[str, Field(pattern=r"[^\s\x1c-\x1f]")]
+_SEGMENT = r"(?:[^/\x00.][^/\x00]*|\.[^/\x00.][^/\x00]*|\.\.[^/\x00]+)"
+#: A path inside the workspace: relative, no empty, ``.`` or ``..`` part, no NUL.
+RelPath = Annotated[str, Field(pattern=rf"^{_SEGMENT}(?:/{_SEGMENT})*$")]
+#: An absolute path usable as a bind mount (no ``,`` ``:`` or NUL).
+AbsPath = Annotated[str, Field(pattern=r"^/[^,:\x00]*$")]
+Number = Annotated[float, Field(allow_inf_nan=False)]
+PositiveNumber = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+def _keys_are_paths(schema: dict[str, Any]) -> None:
+    # pydantic writes a dict[RelPath, ...] as patternProperties, which admits other keys too.
+    (pattern, value), = schema.pop("patternProperties").items()
+    schema.update(propertyNames={"pattern": pattern}, additionalProperties=value)
+
+
+#: ``{relative path: text}``
+PathMap = Annotated[dict[RelPath, str], Field(json_schema_extra=_keys_are_paths)]
+
+
+def omitted(**kwargs: Any) -> Any:
+    """The default of a field that may be left out but is never null (the handler's own
+    default applies): the schema says so, a field that is not required and not nullable."""
+    return Field(None, **kwargs)
+
+
+class TaskModel(BaseModel):
+    """Base of the task models: JSON types exactly (no coercion); other keys are kept."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+def tools_type(allowed: Sequence[str]) -> Any:
+    return list[Literal[tuple(allowed)]]  # type: ignore[misc]
 
 
 def text_field(task: dict[str, Any], key: str, kind: str, *, aliases: Sequence[str] = ()) -> str:
@@ -109,3 +151,15 @@ def read_runner_output(raw: bytes) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("results"), dict):
         raise ValueError("the test runner wrote an unexpected result")
     return data
+
+
+def number_text(value: int | float, kind: str) -> str:
+    """A JSON number as decimal text, never in exponent form (``str(1e20)`` is ``1e+20``,
+    which math-verify reads as Euler's e + 20): ints exactly, floats as the shortest decimal
+    that reads back as the same float (``0.1`` stays ``0.1``)."""
+    if isinstance(value, int):
+        return str(value)
+    if not math.isfinite(value):
+        raise TaskError(f"{kind} task: 'answer' must be a finite number, not {value!r}")
+    text = format(Decimal(repr(value)), "f")
+    return "0" if text in ("-0", "-0.0") else text

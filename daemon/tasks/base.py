@@ -8,6 +8,8 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from pydantic import BaseModel
+
 if TYPE_CHECKING:
     from daemon.trajectory import Trajectory
     from sandbox import Sandbox, SandboxSpec
@@ -49,6 +51,10 @@ class TaskHandler(ABC):
     kind: ClassVar[str]
     #: The handler drives RUN itself (no agent loop); only labelled test tasks do this.
     custom_run: ClassVar[bool] = False
+    #: The task's JSON shape (a pydantic model with ``kind: Literal[...]``): the OpenAPI
+    #: document publishes it and :meth:`TaskRegistry.validate` checks it before
+    #: :meth:`validate`, so a request the schema admits is one ``validate`` accepts.
+    task_model: ClassVar[type[BaseModel] | None] = None
 
     @abstractmethod
     def validate(self, task: dict[str, Any]) -> dict[str, Any]:

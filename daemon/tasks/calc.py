@@ -3,7 +3,7 @@
 Task fields::
 
     {"kind": "calc", "id": "c-1", "expression": "4821 * 392",
-     "answer": "1889832",      # optional: computed exactly from the expression when absent
+     "answer": "1889832",      # optional (a number or its text): computed from the expression when absent
      "question": "...",        # optional: default "What is {expression}?"
      "examples": 1}            # optional: worked tool-call examples put before the question
 
@@ -12,8 +12,11 @@ answer needs a tool call: the model calls ``calculator``, reads the result, and 
 the number. The prompt shows ``examples`` worked conversations (question, tool call, tool
 result, answer) as real earlier turns, which is how a 135M-parameter model learns the call
 format at all. EVAL takes the final answer (the last assistant message, or the finish tool's
-answer), reads its last integer (commas and spaces between digit groups allowed) and gives
-reward 1.0 when it equals the answer exactly, else 0.0. ``reward_info`` records
+answer), reads its last number (an integer or a decimal such as ``3.5`` or ``3.3e-06``;
+commas and spaces between digit groups allowed) and gives reward 1.0 when it equals the
+answer as a number (``3.50`` equals ``3.5``), else 0.0. A division that does not terminate
+has the calculator's answer, rounded to 12 significant digits (``1/3`` is ``0.333333333333``).
+``reward_info`` records
 ``correct``, ``extracted``, ``called_tool`` (whether any turn called the calculator) and
 ``tool_ok`` (whether such a call succeeded).
 """
@@ -22,8 +25,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from decimal import Decimal
+from typing import Annotated, Any, Literal
 
+from pydantic import Field
+
+from daemon.tasks._common import NonBlank, Number, TaskModel, number_text, omitted
 from daemon.tasks.base import EvalContext, Prompt, Reward, TaskError, TaskHandler
 from daemon.trajectory import Trajectory
 from tools.calculator import CalculatorError, evaluate, format_result
@@ -41,7 +48,8 @@ EXAMPLES = [
 ]
 MAX_EXAMPLES = len(EXAMPLES)
 
-_NUMBER = re.compile(r"-?\d{1,3}(?:[, ]\d{3})+(?!\d)|-?\d+")
+#: An integer (digit groups may be separated by "," or " ") or a decimal, with an exponent.
+_NUMBER = re.compile(r"-?(?:\d{1,3}(?:[, ]\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][+-]?\d+)?")
 
 
 def _call_text(expression: str) -> str:
@@ -64,15 +72,36 @@ def example_messages(count: int) -> list[dict[str, Any]]:
 
 
 def extract_number(text: str) -> str | None:
-    """The last integer in ``text`` (``1,234,567`` and ``1 234 567`` read as one), or None."""
+    """The last number in ``text`` (``1,234,567`` and ``1 234 567`` read as one; ``3.5``
+    and ``3.3e-06`` whole), without separators, or None."""
     found = _NUMBER.findall(text)
     if not found:
         return None
     return re.sub(r"[, ]", "", found[-1])
 
 
+def same_number(a: str, b: str) -> bool:
+    """``a`` and ``b`` (texts :data:`_NUMBER` matches, separators removed) are equal numbers."""
+    return Decimal(a) == Decimal(b)
+
+
+_NumberText = Annotated[str, Field(pattern=r"^-?(?:[0-9]{1,3}(?:[, ][0-9]{3})+|[0-9]+)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?$")]
+
+
+class CalcTaskModel(TaskModel):
+    """A ``calc`` task. ``expression`` has the format ``arithmetic-expression``: one that the
+    calculator tool evaluates (numbers, parentheses, + - * / // % **; see tools/calculator.py)."""
+
+    kind: Literal["calc"]
+    expression: NonBlank = Field(json_schema_extra={"format": "arithmetic-expression"})
+    answer: _NumberText | Number = omitted(description="Default: the expression's value.")
+    question: NonBlank = omitted(description="Default: What is {expression}?")
+    examples: int = Field(1, ge=0, le=MAX_EXAMPLES)
+
+
 class CalcTask(TaskHandler):
     kind = "calc"
+    task_model = CalcTaskModel
 
     def validate(self, task: dict[str, Any]) -> dict[str, Any]:
         expression = task.get("expression")
@@ -83,15 +112,18 @@ class CalcTask(TaskHandler):
         except CalculatorError as exc:
             raise TaskError(f"calc task: 'expression': {exc}") from None
         answer = task.get("answer", exact)
-        if isinstance(answer, bool) or not isinstance(answer, str | int) or not str(answer).strip():
-            raise TaskError("calc task: 'answer' must be an integer or a string of one")
+        if isinstance(answer, int | float) and not isinstance(answer, bool):
+            answer = number_text(answer, "calc")
+        if not isinstance(answer, str) or not _NUMBER.fullmatch(answer.strip()):
+            raise TaskError("calc task: 'answer' must be a number or the text of one (e.g. 3.5)")
+        answer = re.sub(r"[, ]", "", answer.strip())
         question = task.get("question", f"What is {expression.strip()}?")
         if not isinstance(question, str) or not question.strip():
             raise TaskError("calc task: 'question' must be a non-empty string")
         examples = task.get("examples", 1)
         if isinstance(examples, bool) or not isinstance(examples, int) or not 0 <= examples <= MAX_EXAMPLES:
             raise TaskError(f"calc task: 'examples' must be an integer from 0 to {MAX_EXAMPLES}")
-        return {**task, "expression": expression.strip(), "answer": str(answer).strip(),
+        return {**task, "expression": expression.strip(), "answer": answer,
                 "question": question, "examples": examples}
 
     def prompt(self, task: dict[str, Any]) -> Prompt:
@@ -112,7 +144,7 @@ class CalcTask(TaskHandler):
             if last.get("role") == "assistant" and not last.get("tool_calls"):
                 final = str(last.get("content") or "")
         extracted = extract_number(final) if final else None
-        correct = extracted is not None and extracted == task["answer"]
+        correct = extracted is not None and same_number(extracted, task["answer"])
         return Reward(1.0 if correct else 0.0, {
             "correct": correct,
             "extracted": extracted,

@@ -22,19 +22,29 @@ fraction of tests that pass, or with ``"reward": "all"`` 1.0 or 0.0.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from daemon.tasks._common import (
+    _SEGMENT,
+    KNOWN_TOOLS,
     RUNNER_SOURCE,
+    NonBlank,
+    PathMap,
+    PositiveNumber,
+    TaskModel,
     answer_texts,
     code_block,
     int_field,
     number_field,
+    omitted,
     read_runner_output,
     runner_argv,
     tail,
     text_field,
     tools_field,
+    tools_type,
 )
 from daemon.tasks.base import EvalContext, Prompt, Reward, TaskError, TaskHandler
 from daemon.trajectory import Trajectory
@@ -69,8 +79,47 @@ def _check_relpath(path: object, what: str) -> str:
     return path
 
 
+class CodeTestCase(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    stdin: str = ""
+    stdout: str
+
+
+class CodeTaskModel(TaskModel):
+    """A ``code`` task: ``prompt`` (or its alias ``question``) and exactly one of ``tests``
+    (stdin/stdout cases) or ``pytest`` (the text of a pytest file)."""
+
+    model_config = ConfigDict(json_schema_extra={
+        "allOf": [{"anyOf": [{"required": ["prompt"]}, {"required": ["question"]}]},
+                  {"oneOf": [{"required": ["tests"]}, {"required": ["pytest"]}]}],
+    })
+
+    kind: Literal["code"]
+    prompt: NonBlank = omitted()  # this or question (not null)
+    question: NonBlank = omitted()
+    entry: Annotated[str, Field(pattern=rf"^(?:{_SEGMENT}/)*[^/\x00]*\.py$")] = "solution.py"
+    tests: Annotated[list[CodeTestCase], Field(min_length=1)] = omitted()
+    pytest: NonBlank = omitted()
+    reward: Literal["fraction", "all"] = "fraction"
+    files: PathMap = Field(default_factory=dict)
+    timeout_s: PositiveNumber = 10.0
+    memory_mb: int = Field(512, ge=16)
+    pids_max: int = Field(64, ge=8)
+    tools: tools_type(KNOWN_TOOLS) = Field(default_factory=lambda: ["bash", "editor", "finish"])  # type: ignore[valid-type]
+
+    @model_validator(mode="after")
+    def _one_of(self) -> CodeTaskModel:
+        if self.prompt is None and self.question is None:
+            raise ValueError("give 'prompt' (or 'question')")
+        if (self.tests is None) == (self.pytest is None):
+            raise ValueError("give exactly one of 'tests' (stdin/stdout cases) or 'pytest'")
+        return self
+
+
 class CodeTask(TaskHandler):
     kind = "code"
+    task_model = CodeTaskModel
 
     def validate(self, task: dict[str, Any]) -> dict[str, Any]:
         out = dict(task)

@@ -33,7 +33,7 @@ def parse_tasks(text: str, *, source: str = "<tasks>",
             raise TaskFileError(f"{where}: the task has no string 'kind'")
         if registry is not None:
             try:
-                registry.get(task["kind"]).validate(task)
+                registry.validate(task)
             except TaskError as exc:
                 raise TaskFileError(f"{where}: {exc}") from None
         tasks.append(task)

@@ -5,6 +5,10 @@ Task fields::
     {"kind": "math", "id": "add-1", "question": "What is 2+3?", "answer": "5",
      "tools": []}                       # optional; only "finish" may be offered
 
+A numeric ``answer`` (JSON number) becomes its exact decimal text without an exponent
+(``_common.number_text``: ``1e20`` -> ``100000000000000000000``, ``1e-7`` -> ``0.0000001``):
+math-verify would read ``1e+20`` as Euler's number plus 20.
+
 The model is asked for its final answer in ``\\boxed{}``. EVAL parses the final answer
 (the finish tool's answer, else the last assistant message; the other one is tried when the
 first has no parsable answer) and the gold answer with ``math_verify.parse`` and compares
@@ -19,11 +23,21 @@ as math-verify's timeout would.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Literal
 
 import trio
+from pydantic import ConfigDict, Field, model_validator
 
-from daemon.tasks._common import answer_texts, tools_field
+from daemon.tasks._common import (
+    NonBlank,
+    Number,
+    TaskModel,
+    answer_texts,
+    number_text,
+    omitted,
+    tools_field,
+    tools_type,
+)
 from daemon.tasks.base import EvalContext, Prompt, Reward, TaskError, TaskHandler
 from daemon.trajectory import Trajectory
 
@@ -81,8 +95,27 @@ def check_answer(gold: str, candidates: list[tuple[str, str]]) -> dict[str, Any]
     return {"correct": False, "extracted": None, "source": None, "reason": "no_answer"}
 
 
+class MathTaskModel(TaskModel):
+    """A ``math`` task: ``question`` (or its alias ``problem``) and the gold ``answer``."""
+
+    model_config = ConfigDict(json_schema_extra={"anyOf": [{"required": ["question"]}, {"required": ["problem"]}]})
+
+    kind: Literal["math"]
+    question: NonBlank = omitted()  # one of the two is required (not null)
+    problem: NonBlank = omitted()
+    answer: NonBlank | Number
+    tools: tools_type(["finish"]) = Field(default_factory=list)  # type: ignore[valid-type]
+
+    @model_validator(mode="after")
+    def _has_question(self) -> MathTaskModel:
+        if self.question is None and self.problem is None:
+            raise ValueError("give 'question' (or 'problem')")
+        return self
+
+
 class MathTask(TaskHandler):
     kind = "math"
+    task_model = MathTaskModel
 
     def validate(self, task: dict[str, Any]) -> dict[str, Any]:
         out = dict(task)
@@ -93,7 +126,7 @@ class MathTask(TaskHandler):
         if isinstance(answer, bool) or not isinstance(answer, str | int | float) or not str(answer).strip():
             raise TaskError("math task: 'answer' must be a non-empty string or a number")
         out["question"] = question
-        out["answer"] = str(answer)
+        out["answer"] = answer if isinstance(answer, str) else number_text(answer, "math")
         out["tools"] = tools_field(task, "math", [], allowed=("finish",))
         return out
 

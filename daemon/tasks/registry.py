@@ -5,6 +5,9 @@ from __future__ import annotations
 import importlib
 import logging
 from importlib.metadata import entry_points
+from typing import Any, get_args
+
+from pydantic import BaseModel, ValidationError
 
 from daemon.tasks.base import TaskError, TaskHandler
 
@@ -64,3 +67,46 @@ class TaskRegistry:
         if not isinstance(kind, str) or kind not in self._handlers:
             raise TaskError(f"unknown task kind {kind!r}; known kinds: {', '.join(self.kinds)}")
         return self._handlers[kind]
+
+    def validate(self, task: object) -> dict[str, Any]:
+        """The normalised task: checked by the handler's ``validate``, and against its
+        ``task_model`` (the schema the OpenAPI document publishes, which may be stricter)."""
+        if not isinstance(task, dict):
+            raise TaskError(f"a task must be a JSON object, not {type(task).__name__}")
+        kind = task.get("kind")
+        normalised = self.get(kind).validate(task)
+        model = self._model(kind)
+        if model is not None:
+            try:
+                model.model_validate(task)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in first["loc"]) or "task"
+                raise TaskError(f"{kind} task: {where}: {first['msg']}") from None
+        return normalised
+
+    def _model(self, kind: object) -> type[BaseModel] | None:
+        """The handler's task model, if it is the model of this kind (a handler registered
+        under another kind than its model's ``kind`` has none)."""
+        model = self.get(kind).task_model
+        field = model.model_fields.get("kind") if model is not None else None
+        if field is None or get_args(field.annotation) != (kind,):
+            return None
+        return model
+
+    def task_schemas(self, ref_template: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The JSON schema of a task (one of the registered kinds) and the definitions it
+        refers to (``ref_template`` formats their references)."""
+        branches: list[dict[str, Any]] = []
+        definitions: dict[str, Any] = {}
+        for kind in self.kinds:
+            model = self._model(kind)
+            if model is None:  # a plug-in without a model: only its kind is known
+                branches.append({"type": "object", "required": ["kind"],
+                                 "properties": {"kind": {"const": kind}}})
+                continue
+            schema = model.model_json_schema(ref_template=ref_template)
+            definitions.update(schema.pop("$defs", {}))
+            definitions[model.__name__] = schema
+            branches.append({"$ref": ref_template.format(model=model.__name__)})
+        return {"oneOf": branches}, definitions

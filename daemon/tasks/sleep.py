@@ -11,20 +11,41 @@ Every trajectory it produces carries the label ``test-task:sleep``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import trio
+from pydantic import Field
 
+from daemon.tasks._common import Number, TaskModel
 from daemon.tasks.base import EvalContext, Prompt, Reward, TaskError, TaskHandler
 from daemon.trajectory import Trajectory
 
 _STAGES = ("init", "run", "eval")
 
 
+_Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class SleepTaskModel(TaskModel):
+    """A ``sleep`` test task (see daemon/tasks/sleep.py)."""
+
+    kind: Literal["sleep"]
+    init_s: _Seconds = 0.0
+    run_s: _Seconds | Annotated[list[_Seconds], Field(min_length=1)] = 0.0
+    eval_s: _Seconds = 0.0
+    reward: Number = 1.0
+    rewards: Annotated[list[Number], Field(min_length=1)] | None = None
+    reward_info: dict[str, Any] | Annotated[list[dict[str, Any]], Field(min_length=1)] = Field(
+        default_factory=dict
+    )
+    fail_stage: Literal["init", "run", "eval"] | None = None
+
+
 class SleepTask(TaskHandler):
     kind = "sleep"
     custom_run = True
     label = "test-task:sleep"
+    task_model = SleepTaskModel
 
     def validate(self, task: dict[str, Any]) -> dict[str, Any]:
         out = dict(task)

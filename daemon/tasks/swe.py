@@ -32,18 +32,27 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field
 
 from daemon.tasks._common import (
+    KNOWN_TOOLS,
     RUNNER_SOURCE,
+    AbsPath,
+    NonBlank,
+    PositiveNumber,
+    TaskModel,
     describe_run,
     int_field,
     number_field,
+    omitted,
     read_runner_output,
     runner_argv,
     tail,
     text_field,
     tools_field,
+    tools_type,
 )
 from daemon.tasks.base import EvalContext, Prompt, Reward, TaskError, TaskHandler
 from daemon.trajectory import Trajectory
@@ -97,8 +106,37 @@ def patch_files(patch: str) -> list[str]:
     return files
 
 
+#: SWE-bench exports store test lists as JSON text: format ``json-test-ids`` is the JSON text
+#: of a list of test ids (non-empty for FAIL_TO_PASS).
+_TestIdsText = Annotated[str, Field(json_schema_extra={"format": "json-test-ids"})]
+_TestIds = list[NonBlank]
+
+
+class SweTaskModel(TaskModel):
+    """A ``swe`` task (SWE-bench style): the repository from ``repo_path`` (a git repository on
+    the daemon's host) or ``image`` (the instance's Apptainer image)."""
+
+    model_config = ConfigDict(json_schema_extra={"anyOf": [{"required": ["repo_path"]}, {"required": ["image"]}]})
+
+    kind: Literal["swe"]
+    instance_id: NonBlank
+    problem_statement: NonBlank
+    base_commit: Annotated[str, Field(pattern=rf"^{_SAFE_REF.pattern}$")]
+    test_patch: str = ""
+    FAIL_TO_PASS: Annotated[_TestIds, Field(min_length=1)] | _TestIdsText
+    PASS_TO_PASS: _TestIds | _TestIdsText = Field(default_factory=list)
+    repo_path: AbsPath = omitted()  # this or image (not null)
+    image: NonBlank = omitted()
+    repo_dir: Annotated[str, Field(pattern="^/")] = "/testbed"
+    python: Annotated[str, Field(pattern="^/")] = omitted()
+    test_timeout_s: PositiveNumber = 120.0
+    memory_mb: int = Field(2048, ge=64)
+    tools: tools_type(KNOWN_TOOLS) = Field(default_factory=lambda: ["bash", "editor", "finish"])  # type: ignore[valid-type]
+
+
 class SweTask(TaskHandler):
     kind = "swe"
+    task_model = SweTaskModel
 
     def validate(self, task: dict[str, Any]) -> dict[str, Any]:
         out = dict(task)

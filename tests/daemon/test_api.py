@@ -64,7 +64,7 @@ async def test_idempotency(asgi):
         assert a["ids"] == b["ids"] and b["replayed"] is True
         other = dict(body, n=3)
         r = await client.post("/v1/rollouts", json=other)
-        assert r.status_code == 422 and r.json()["error"]["type"] == "idempotency_conflict"
+        assert r.status_code == 409 and r.json()["error"]["type"] == "idempotency_conflict"
 
 
 @pytest.mark.parametrize(
@@ -120,6 +120,20 @@ async def test_queue_full_is_429_with_retry_after(asgi):
         assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
         assert r.json()["error"]["type"] == "queue_full"
         node.pipeline.cancel_all()
+
+
+async def test_group_larger_than_the_queue_is_422_not_429(asgi):
+    """A group is queued whole, so one larger than queue_size can never fit: retrying after
+    a 429's Retry-After would loop forever (issue 15, point 11)."""
+    client, node = await asgi(queue_size=3)
+    async with client:
+        r = await client.post("/v1/rollouts", json={"task": sleep_task(), "n": 4})
+        assert r.status_code == 422 and "Retry-After" not in r.headers
+        error = r.json()["error"]
+        assert error["type"] == "invalid_task" and "queue_size=3" in error["message"]
+        assert node.service.store.counts() == {}
+        r = await client.post("/v1/rollouts", json={"task": sleep_task(), "n": 3})  # fits
+        assert r.status_code == 202
 
 
 async def test_draining_refuses_new_work_with_503(asgi):

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,3 +76,83 @@ def test_token_file_must_be_private(tmp_path: Path):
     os.chmod(tok, 0o644)
     with pytest.raises(ConfigError, match="chmod 600"):
         load_settings(environ={"ROLLOUTD_TOKEN_FILE": str(tok)}).read_token()
+
+
+# ---- federation: the documented gossip settings, checked together at load (issue 15, 18) ----
+
+GOSSIP_KEYS = ("gossip_interval_s", "fanout", "suspect_after_s", "dead_after_s", "request_timeout_s")
+
+
+def test_every_documented_federation_setting_is_accepted(tmp_path: Path, repo_root: Path):
+    table = (repo_root / "docs" / "federation.md").read_text().split("## Settings", 1)[1]
+    documented = [line.split("`")[1] for line in table.splitlines() if line.startswith("| `")]
+    assert set(documented) == set(GOSSIP_KEYS)
+    cfg = tmp_path / "fed.toml"
+    cfg.write_text("gossip_interval_s = 0.5\nfanout = 5\nsuspect_after_s = 3\ndead_after_s = 9\n")
+    s = load_settings(cfg, environ={"ROLLOUTD_REQUEST_TIMEOUT_S": "0.75"})
+    assert (s.gossip.gossip_interval_s, s.gossip.fanout, s.gossip.suspect_after_s,
+            s.gossip.dead_after_s, s.gossip.request_timeout_s) == (0.5, 5, 3.0, 9.0, 0.75)
+    d = load_settings(environ={}).gossip
+    assert (d.gossip_interval_s, d.fanout, d.suspect_after_s, d.dead_after_s, d.request_timeout_s) == (
+        1.0, 3, 5.0, 15.0, 2.0)  # the defaults docs/federation.md states
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"ROLLOUTD_DEAD_AFTER_S": "4"},
+         r"dead_after_s \(from environment ROLLOUTD_DEAD_AFTER_S\): must be greater than "
+         r"suspect_after_s \(5\), not 4; suspect_after_s is from defaults"),
+        ({"ROLLOUTD_SUSPECT_AFTER_S": "20"},
+         r"dead_after_s \(from defaults\): must be greater than suspect_after_s \(20\), not 15; "
+         r"suspect_after_s is from environment ROLLOUTD_SUSPECT_AFTER_S"),
+        ({"ROLLOUTD_GOSSIP_INTERVAL_S": "10"},
+         r"suspect_after_s \(from defaults\): must be greater than gossip_interval_s \(10\), not 5; "
+         r"gossip_interval_s is from environment ROLLOUTD_GOSSIP_INTERVAL_S"),
+        ({"ROLLOUTD_SUSPECT_AFTER_S": "0.5"}, r"suspect_after_s .*greater than gossip_interval_s \(1\)"),
+        ({"ROLLOUTD_FANOUT": "0"}, r"fanout \(from environment ROLLOUTD_FANOUT\): must be .*at least 1"),
+        ({"ROLLOUTD_FANOUT": "-3"}, r"fanout \(from environment ROLLOUTD_FANOUT\)"),
+        ({"ROLLOUTD_FANOUT": "2.5"}, r"fanout \(from environment ROLLOUTD_FANOUT\)"),
+        ({"ROLLOUTD_REQUEST_TIMEOUT_S": "-1"}, r"request_timeout_s \(from .*\): must be a positive"),
+        ({"ROLLOUTD_REQUEST_TIMEOUT_S": "0"}, r"request_timeout_s \(from .*\): must be a positive"),
+        ({"ROLLOUTD_REQUEST_TIMEOUT_S": "nan"}, r"request_timeout_s .*finite"),
+        ({"ROLLOUTD_GOSSIP_INTERVAL_S": "-1"}, r"gossip_interval_s \(from .*\): must be a positive"),
+        ({"ROLLOUTD_GOSSIP_INTERVAL_S": "inf"}, r"gossip_interval_s .*finite"),
+        ({"ROLLOUTD_DEAD_AFTER_S": "inf"}, r"dead_after_s .*finite"),
+        ({"ROLLOUTD_SUSPECT_AFTER_S": "-5"}, r"suspect_after_s \(from .*\): must be a positive"),
+    ],
+)
+def test_inconsistent_federation_settings_fail_at_load_naming_the_setting(environ, message):
+    with pytest.raises(ConfigError, match=message):
+        load_settings(environ=environ)
+
+
+def test_inconsistent_federation_settings_in_a_file_name_the_file(tmp_path: Path):
+    cfg = tmp_path / "fed.toml"
+    cfg.write_text("suspect_after_s = 8\ndead_after_s = 6\n")
+    with pytest.raises(ConfigError, match=r"dead_after_s \(from .*fed\.toml\):.*suspect_after_s is from .*fed\.toml"):
+        load_settings(cfg, environ={})
+    # A consistent change of all three together is fine.
+    cfg.write_text("gossip_interval_s = 10\nsuspect_after_s = 30\ndead_after_s = 60\n")
+    assert load_settings(cfg, environ={}).gossip.dead_after_s == 60
+
+
+def test_settings_made_in_code_are_checked_too():
+    with pytest.raises(ValueError, match="dead_after_s"):
+        Settings(suspect_after_s=20.0)
+
+
+def test_serve_with_inconsistent_federation_settings_exits_2_naming_the_setting(tmp_path: Path):
+    """The real `rolloutd serve`: a message naming the setting and exit 2, not a traceback
+    from Federation() after the daemon had started (as before the fix)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUTD_")}
+    env.update(ROLLOUTD_STATE_DIR=str(tmp_path / "state"), ROLLOUTD_CACHE_DIR=str(tmp_path / "cache"),
+               ROLLOUTD_SEEDS="http://127.0.0.1:9", ROLLOUTD_GOSSIP_INTERVAL_S="10")
+    proc = subprocess.run([sys.executable, "-m", "daemon.cli", "serve", "--port", "0",
+                           "--sandbox-backend", "local"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("rolloutd serve: invalid settings: suspect_after_s (from defaults)")
+    assert "gossip_interval_s is from environment ROLLOUTD_GOSSIP_INTERVAL_S" in proc.stderr
+    assert not (tmp_path / "state").exists()  # refused before anything started

@@ -144,3 +144,18 @@ async def test_status_federation_prints_the_member_table(tmp_path, nursery, monk
     assert "alive" in out
     for node, _ in cluster:
         node.request_stop()
+
+
+async def test_every_gossip_setting_reaches_the_federation(tmp_path, nursery):
+    """fanout, suspect_after_s, dead_after_s and request_timeout_s were rejected as unknown
+    settings, and only gossip_interval_s was handed to the Federation (issue 15, 18)."""
+    port, silent = free_ports(2)
+    settings = make_settings(tmp_path, port=port, node_id="g", seeds=[f"http://127.0.0.1:{silent}"],
+                             gossip_interval_s=0.2, fanout=7, suspect_after_s=0.9, dead_after_s=2.5,
+                             request_timeout_s=0.4)
+    node = Node(settings, services=Services())
+    await nursery.start(node.run)
+    assert node.federation is not None
+    assert node.federation.gossip == settings.gossip
+    assert (node.federation.gossip.fanout, node.federation.gossip.request_timeout_s) == (7, 0.4)
+    node.request_stop()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import trio
 
@@ -89,6 +92,24 @@ async def test_cancel_while_queued_frees_the_slot(start_node, autojump_clock):
     node.submit(req())  # the slot is free again
     node.service.cancel(busy.id)
     await node.pipeline.wait_idle()
+
+
+async def test_a_withdrawn_job_leaves_the_queue_for_good():
+    """``JobQueue.remove`` drops the job itself, not only its slot: a job cancelled while
+    queued is no longer referenced by the queue (it used to stay in the heap, task and all,
+    until a worker popped it), and the others keep their priority order."""
+    from daemon.jobs import Job, JobQueue, JobRequest
+    from daemon.tasks.sleep import SleepTask
+
+    queue = JobQueue(3)
+    jobs = [Job(JobRequest(task=sleep_task(), handler=SleepTask(), timeout_s=1, priority=p),
+                job_id=f"r-{p}", group_id="g", sample_index=0) for p in (1, 3, 2)]
+    queue.put_many_nowait(jobs)
+    gone = weakref.ref(jobs.pop(0))
+    assert queue.remove(gone()) and not queue.remove(gone())  # type: ignore[arg-type]
+    gc.collect()
+    assert gone() is None and len(queue) == 2 and queue.free == 1
+    assert [j.id for j in queue.drain_nowait()] == ["r-3", "r-2"]
 
 
 async def test_cancel_between_stages(start_node, autojump_clock):

@@ -108,6 +108,49 @@ async def test_sigkill_with_live_sandboxes_then_restart(root: Path) -> None:
     await assert_clean(second, tag=old_tag)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("what", ["rollouts", "batch"])
+async def test_sigkill_right_after_the_202_then_the_ids_answer_lost(root: Path, what: str) -> None:
+    """An id answered with 202 is in the journal before the answer: SIGKILL the daemon the
+    moment the 202 arrives (well inside the journal's batching interval) and a new daemon on
+    the same state dir answers ``lost`` for every id, never 404 (issue 15, point 14)."""
+    first = Daemon(root / "state", sandbox_spares=0)
+    task = {"kind": "sleep", "init_s": 600}
+    await first.start()
+    try:
+        async with first.client() as h:
+            if what == "rollouts":
+                r = await h.post("/v1/rollouts", json={"task": task, "n": 3})
+            else:
+                r = await h.post("/v1/batches", json={"prompts": [task] * 4, "group_size": 2, "keep": 2})
+            first.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]  # no await in between
+            assert r.status_code == 202, r.text
+            ids = r.json()["ids"] if what == "rollouts" else [r.json()["id"]]
+        await first.stop()
+    finally:
+        if first.proc is not None and first.proc.poll() is None:
+            await first.kill()
+    old_tag = first.tag
+
+    second = Daemon(root / "state", sandbox_spares=0)
+    async with running(second), second.client() as h:
+        for job_id in ids:
+            if what == "batch":
+                r = await h.get(f"/v1/batches/{job_id}")
+                assert r.status_code == 200, r.text
+                b = r.json()
+                assert (b["state"], b["in_flight"], b["keep"], b["group_size"]) == ("lost", 0, 2, 2)
+                r = await h.delete(f"/v1/batches/{job_id}")
+                assert (r.status_code, r.json()["state"]) == (200, "lost")
+                continue
+            r = await h.get(f"/v1/rollouts/{job_id}")
+            assert r.status_code == 200, r.text
+            t = r.json()
+            assert (t["status"], t["usable"], t["error"]["type"]) == ("lost", False, "lost")
+    await assert_clean(second)
+    await assert_clean(second, tag=old_tag)
+
+
 def _cmdline(pid: int) -> bytes:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:

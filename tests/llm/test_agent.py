@@ -232,3 +232,14 @@ async def test_require_tool_call_nudges_instead_of_ending(renderer):
     _check_invariants(tr, renderer)
     tr, answer = await _run(renderer, ["just text"], limits=AgentLimits(require_tool_call=True, max_turns=3))
     assert tr.finish_reason == "max_turns" and len(tr.turns) == 3 and answer == "just text"
+
+
+def test_limits_are_one_checked_model():
+    """``AgentLimits`` is also the API's ``limits`` (one definition): bounds and unknown keys
+    are refused here as they are over HTTP (tests/daemon/test_openapi.py)."""
+    from pydantic import ValidationError
+
+    assert AgentLimits.model_validate({"require_tool_call": True}).require_tool_call
+    for bad in ({"max_turns": 0}, {"tool_timeout_s": float("nan")}, {"bogus": 1}):
+        with pytest.raises(ValidationError):
+            AgentLimits.model_validate(bad)

@@ -78,3 +78,36 @@ def test_example_math_tasks_are_valid_and_self_consistent(repo_root: Path):
     for line in lines:
         task = reg.get("math").validate(json.loads(line))
         assert check_answer(task["answer"], [("final_answer", f"\\boxed{{{task['answer']}}}")])["correct"], task
+
+
+@pytest.mark.parametrize("number, text", [
+    (1e20, "100000000000000000000"), (-1e20, "-100000000000000000000"), (1e-7, "0.0000001"),
+    (0.1, "0.1"), (-2.5e-3, "-0.0025"), (3.0, "3.0"), (7, "7"), (10**30, "1" + "0" * 30),
+])
+def test_numeric_answer_becomes_exact_decimal_text(number, text):
+    task = MathTask().validate({"kind": "math", "question": "q", "answer": number})
+    assert task["answer"] == text
+    assert check_answer(task["answer"], [("final_answer", f"\\boxed{{{text}}}")])["correct"]
+
+
+def test_numeric_gold_is_not_read_as_eulers_number():
+    """``str(1e20)`` is ``1e+20``, which math-verify parses as E + 20: ``e + 20`` scored 1."""
+    gold = MathTask().validate({"kind": "math", "question": "q", "answer": 1e20})["answer"]
+    assert check_answer(gold, [("final_answer", "\\boxed{10^{20}}")])["correct"]
+    assert not check_answer(gold, [("final_answer", "\\boxed{e + 20}")])["correct"]
+    small = MathTask().validate({"kind": "math", "question": "q", "answer": 1e-7})["answer"]
+    assert check_answer(small, [("final_answer", "\\boxed{10^{-7}}")])["correct"]
+    assert not check_answer(small, [("final_answer", "\\boxed{e - 7}")])["correct"]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_numeric_answer_is_refused(bad):
+    with pytest.raises(TaskError, match="finite"):
+        MathTask().validate({"kind": "math", "question": "q", "answer": bad})
+
+
+async def test_numeric_answer_through_the_pipeline(harness):
+    await harness.script(["10^20 is \\boxed{100000000000000000000}."])
+    tr = await harness.run({"kind": "math", "id": "big", "question": "What is 10^20?", "answer": 1e20})
+    assert tr.status is Status.completed and tr.reward == 1.0, tr.reward_info
+    assert tr.reward_info["gold"] == "100000000000000000000"

@@ -53,3 +53,55 @@ def test_calc_task_fields_and_answers():
     assert extract_number("1 889 832") == "1889832"
     assert extract_number("408 then 409") == "409"
     assert extract_number("no number") is None
+
+
+async def _reward(task, answer_text):
+    """Evaluate ``answer_text`` as the last assistant message of a calc trajectory."""
+    from daemon.tasks.base import EvalContext
+    from daemon.trajectory import Trajectory
+
+    async def no_sandbox(*args, **kwargs):
+        raise AssertionError("calc needs no sandbox")
+
+    tr = Trajectory(id="t", messages=[{"role": "user", "content": task["question"]},
+                                      {"role": "assistant", "content": answer_text}])
+    return await CalcTask().evaluate(task, tr, EvalContext(sandbox=None, open_sandbox=no_sandbox))
+
+
+@pytest.mark.parametrize(("expr", "gold"), [
+    ("7 / 2", "3.5"), ("-7 / 2", "-3.5"), ("1 / 3", "0.333333333333"), ("0.1 + 0.2", "0.3"),
+    ("1e-5 / 3", "3.33333333333e-06"), ("4821 * 392", "1889832"),
+])
+async def test_non_integer_results_can_score(expr, gold):
+    """The answer the calculator tool gives scores 1 (a non-integer never could: only the
+    last integer of the answer was read, so "3.5" was read as "5")."""
+    task = CalcTask().validate({"kind": "calc", "expression": expr})
+    assert task["answer"] == gold
+    async with open_toolbox(None, ["calculator"]) as tb:
+        shown = (await tb.call("calculator", {"expression": expr}, timeout_s=1)).output
+    assert shown == gold
+    r = await _reward(task, f"The answer is {shown}.")
+    assert r.reward == 1.0 and r.info["correct"] and r.info["extracted"] == gold, r.info
+
+
+async def test_calc_answers_compare_as_numbers():
+    task = CalcTask().validate({"kind": "calc", "expression": "7 / 2"})
+    assert (await _reward(task, "3.50")).reward == 1.0
+    assert (await _reward(task, "It is 3.")).reward == 0.0
+    assert (await _reward(task, "5")).reward == 0.0
+    assert (await _reward(task, "-3.5")).reward == 0.0
+    big = CalcTask().validate({"kind": "calc", "expression": "4821 * 392", "answer": 1889832})
+    assert big["answer"] == "1889832" and (await _reward(big, "1,889,832")).reward == 1.0
+    given = CalcTask().validate({"kind": "calc", "expression": "1 / 4", "answer": 0.25})
+    assert given["answer"] == "0.25" and (await _reward(given, "0.25")).reward == 1.0
+    assert CalcTask().validate({"kind": "calc", "expression": "1", "answer": "1,000"})["answer"] == "1000"
+    for bad in ("abc", "3.5.1", "", True, [1]):
+        with pytest.raises(TaskError, match="answer"):
+            CalcTask().validate({"kind": "calc", "expression": "1", "answer": bad})
+
+
+def test_extract_number_reads_decimals():
+    assert extract_number("7 / 2 = 3.5.") == "3.5"
+    assert extract_number("x = -0.25") == "-0.25"
+    assert extract_number("1,234.5") == "1234.5"
+    assert extract_number("3.33333333333e-06") == "3.33333333333e-06"
