@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -191,6 +192,9 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Started by a process that blocked signals (a job script, a supervisor), the daemon would
+    # never see the SIGTERM that drains it, and every process it starts would inherit the mask.
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)

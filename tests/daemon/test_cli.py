@@ -78,3 +78,52 @@ def test_read_tasks_checks_each_task_with_its_handler(tmp_path):
     f.write_text('{"kind": "nope"}\n')
     with pytest.raises(CliError, match=r"t\.jsonl:1: unknown task kind 'nope'"):
         read_tasks(f)
+
+
+def test_serve_started_with_signals_blocked_still_drains_on_sigterm(tmp_path):
+    """A daemon started from a process that blocked SIGTERM and SIGINT (and ignored SIGINT, as
+    a non-interactive shell does for `cmd &`) used to keep the mask: SIGTERM stayed pending and
+    the daemon never drained (issue 15, point 4)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from tests.hostile._daemon import REPO, free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUTD_")}
+    env.update(ROLLOUTD_STATE_DIR=str(tmp_path / "state"), ROLLOUTD_CACHE_DIR=str(tmp_path / "c"),
+               ROLLOUTD_SANDBOX_BACKEND="local")
+    blocker = ("import os, signal, sys; "
+               "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT}); "
+               "signal.signal(signal.SIGINT, signal.SIG_IGN); "
+               f"os.execv(sys.executable, [sys.executable, '-m', 'daemon.cli', 'serve', "
+               f"'--port', '{port}'])")
+    log = tmp_path / "daemon.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", blocker], env=env, cwd=REPO, stdout=out,
+                                stderr=out, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=2) as http:
+            while True:
+                assert proc.poll() is None, log.read_text()[-2000:]
+                assert time.monotonic() < deadline, "not ready"
+                try:
+                    if http.get("/readyz").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.1)
+        status = open(f"/proc/{proc.pid}/status").read()
+        assert "SigBlk:\t0000000000000000" in status, status
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
