@@ -26,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -74,10 +75,11 @@ async def run_async(
         BatchRequest(prompts=prompts, group_size=G, keep=K, max_in_flight_groups=in_flight)
     )
     kept = 0
-    async for _ in node.sampler.groups(batch):
-        kept += 1
-        if kept == K:
-            break
+    async with aclosing(node.sampler.groups(batch)) as groups:
+        async for _ in groups:
+            kept += 1
+            if kept == K:
+                break
     elapsed = time.perf_counter() - start
     await batch.done.wait()  # leftovers cancelled (not timed: the trainer already has its K)
     await node.pipeline.wait_idle()

@@ -6,13 +6,14 @@
     DELETE /v1/batches/{id}            cancel; running groups are cancelled
 
 A batch created with ``cancel_on_disconnect: true`` (the default) is cancelled when the last
-client streaming its groups goes away before the batch ends.
+client streaming its groups goes away before the batch ends (``Sampler.groups``).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, Field
@@ -70,7 +71,10 @@ class KeptGroup(BaseModel):
 
     group_id: str
     prompt_index: int
-    task: dict[str, Any]
+    task: dict[str, Any] | None = Field(
+        description="The prompt; null in a line sent once the batch has ended with no stream of "
+        "its groups open (it is then released: prompts[prompt_index] of the request).",
+    )
     rewards: list[float | None]
     rollouts: list[Trajectory]
 
@@ -122,23 +126,9 @@ def register_batch_routes(app: QuartTrio, node: Node) -> None:
         start = query(GroupsQuery).start
 
         async def lines() -> AsyncIterator[bytes]:
-            batch.readers += 1
-            finished = False
-            try:
-                i = start
-                while True:
-                    while i < len(batch.kept_groups):
-                        yield (json.dumps(batch.kept_groups[i].line()) + "\n").encode()
-                        i += 1
-                    if batch.done.is_set():
-                        break
-                    await batch.wait_changed()
-                finished = True
-            finally:
-                batch.readers -= 1
-                if (not finished and batch.readers == 0 and batch.request.cancel_on_disconnect
-                        and not batch.done.is_set()):
-                    sampler.cancel(batch.id, reason="the client streaming its groups disconnected")
+            async with aclosing(sampler.groups(batch, start=start)) as groups:
+                async for group in groups:
+                    yield (json.dumps(group.line()) + "\n").encode()
 
         return Response(lines(), mimetype=NDJSON)
 

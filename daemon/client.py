@@ -79,11 +79,13 @@ def _submission(data: Mapping[str, Any]) -> Submission:
 
 @dataclass
 class BatchGroup:
-    """A kept group of a dynamic-sampling batch: G trajectories of one task."""
+    """A kept group of a dynamic-sampling batch: G trajectories of one task. ``task`` is None
+    when the daemon had released it (the batch ended before the stream was opened) and the
+    caller did not pass the batch's prompts."""
 
     group_id: str
     prompt_index: int
-    task: dict[str, Any]
+    task: dict[str, Any] | None
     rewards: list[float | None]
     rollouts: list[Trajectory]
 
@@ -96,9 +98,12 @@ def _batch_body(
     return body
 
 
-def _batch_group(line: str) -> BatchGroup:
+def _batch_group(line: str, prompts: Sequence[Mapping[str, Any]] | None) -> BatchGroup:
     d = json.loads(line)
-    return BatchGroup(d["group_id"], d["prompt_index"], d["task"], d["rewards"],
+    task = d["task"]
+    if task is None and prompts is not None:
+        task = dict(prompts[d["prompt_index"]])
+    return BatchGroup(d["group_id"], d["prompt_index"], task, d["rewards"],
                       [Trajectory.model_validate(t) for t in d["rollouts"]])
 
 
@@ -200,8 +205,11 @@ class Client:
     def cancel_batch(self, batch_id: str) -> dict[str, Any]:
         return dict(self._call("DELETE", f"/v1/batches/{batch_id}"))
 
-    def batch_groups(self, batch_id: str, *, start: int = 0) -> Iterator[BatchGroup]:
-        """Kept groups as they are kept, until the batch ends."""
+    def batch_groups(
+        self, batch_id: str, *, start: int = 0, prompts: Sequence[Mapping[str, Any]] | None = None
+    ) -> Iterator[BatchGroup]:
+        """Kept groups as they are kept, until the batch ends. ``prompts`` (the batch's) fill in
+        the task of a group whose task the daemon released (the batch had ended)."""
         try:
             with self._http.stream("GET", f"/v1/batches/{batch_id}/groups", params={"start": start}) as resp:
                 if not resp.is_success:
@@ -209,7 +217,7 @@ class Client:
                     _check(resp)
                 for line in resp.iter_lines():
                     if line.strip():
-                        yield _batch_group(line)
+                        yield _batch_group(line, prompts)
         except httpx.HTTPError as exc:
             raise _unreachable(exc) from exc
 
@@ -219,7 +227,7 @@ class Client:
         """Create a batch and yield its kept groups (at most ``keep``). Leaving the loop early
         disconnects, which cancels the batch unless ``cancel_on_disconnect=False``."""
         batch = self.create_batch(prompts, group_size=group_size, keep=keep, **options)
-        yield from self.batch_groups(batch["id"])
+        yield from self.batch_groups(batch["id"], prompts=prompts)
 
 
 class AsyncClient:
@@ -313,7 +321,9 @@ class AsyncClient:
     async def cancel_batch(self, batch_id: str) -> dict[str, Any]:
         return dict(await self._call("DELETE", f"/v1/batches/{batch_id}"))
 
-    async def batch_groups(self, batch_id: str, *, start: int = 0) -> AsyncGenerator[BatchGroup]:
+    async def batch_groups(
+        self, batch_id: str, *, start: int = 0, prompts: Sequence[Mapping[str, Any]] | None = None
+    ) -> AsyncGenerator[BatchGroup]:
         try:
             async with self._http.stream(
                 "GET", f"/v1/batches/{batch_id}/groups", params={"start": start}
@@ -323,7 +333,7 @@ class AsyncClient:
                     _check(resp)
                 async for line in resp.aiter_lines():
                     if line.strip():
-                        yield _batch_group(line)
+                        yield _batch_group(line, prompts)
         except httpx.HTTPError as exc:
             raise _unreachable(exc) from exc
 
@@ -332,6 +342,6 @@ class AsyncClient:
     ) -> AsyncIterator[BatchGroup]:
         """Create a batch and yield its kept groups; see ``Client.sample_batch``."""
         batch = await self.create_batch(prompts, group_size=group_size, keep=keep, **options)
-        async with aclosing(self.batch_groups(batch["id"])) as groups:
+        async with aclosing(self.batch_groups(batch["id"], prompts=prompts)) as groups:
             async for group in groups:
                 yield group

@@ -133,7 +133,7 @@ def sample_batch_with_progress(
                         return
 
             threading.Thread(target=poll, name="batch-progress", daemon=True).start()
-            for group in client.batch_groups(st["id"]):
+            for group in client.batch_groups(st["id"], prompts=tasks):
                 if sink:
                     line = {**vars(group), "rollouts": [t.model_dump(mode="json") for t in group.rollouts]}
                     sink.write(json.dumps(line) + "\n")

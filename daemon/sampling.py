@@ -17,6 +17,12 @@ backend (prefix reuse). A group with any unusable sample (failed, cancelled, not
 timed out) is filtered with reason ``infrastructure``; it is not resubmitted and never
 counted as reward 0. With ``max_staleness`` set, a group with a sample whose turns began more
 than that many policy versions ago is filtered with reason ``stale``.
+
+Finished batches stay readable for ``result_ttl_s``, so what one keeps must not grow with the
+size of its tasks: when a batch ends it lets go of its request (every prompt) and of the
+tasks of its groups, keeping its progress and its kept groups' trajectories (results, like
+the result store's). A kept group's task stays while a stream of the batch's groups that was
+open when it ended still runs, so a live reader gets every line whole.
 """
 
 from __future__ import annotations
@@ -26,8 +32,8 @@ import math
 import statistics
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import InitVar, dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -59,6 +65,10 @@ LEFTOVER_WAIT_S = 30.0
 
 class TooManyBatches(ServiceError):
     status, type = 429, "too_many_batches"
+
+
+class BatchEnded(RuntimeError):
+    """An ended batch's request was read: it is released when the batch ends."""
 
 
 # ---- the request -----------------------------------------------------------------------
@@ -141,7 +151,7 @@ class Group:
 
     index: int
     group_id: str
-    task: dict[str, Any]
+    task: dict[str, Any] | None  # None once released (see the module docstring)
     jobs: list[Job]
     state: GroupState = GroupState.running
     reason: str | None = None
@@ -176,7 +186,7 @@ class Group:
 @dataclass(eq=False)
 class Batch:
     id: str
-    request: BatchRequest
+    req: InitVar[BatchRequest]
     max_in_flight: int
     max_gen_groups: int
     state: BatchState = BatchState.running
@@ -195,23 +205,47 @@ class Batch:
     _wake: trio.Event = field(default_factory=trio.Event)
     _changed: trio.Event = field(default_factory=trio.Event)
 
+    def __post_init__(self, req: BatchRequest) -> None:
+        self._request: BatchRequest | None = req
+        # What the status needs once the request is released.
+        self.prompts = len(req.prompts)
+        self.group_size = req.group_size
+        self.keep = req.keep
+        self.cancel_on_disconnect = req.cancel_on_disconnect
+
+    @property
+    def request(self) -> BatchRequest:
+        """What was asked for; only while the batch runs (``release`` lets go of it)."""
+        if self._request is None:
+            raise BatchEnded(f"batch {self.id} has ended; its request was released")
+        return self._request
+
+    def release(self) -> None:
+        """The batch has ended: let go of what only a running batch needs (the request, the
+        groups waiting to be judged, the tasks of groups; kept groups' tasks once no stream
+        of the groups is open)."""
+        self._request = None
+        self._finished.clear()
+        for group in self.groups:
+            if group.state is not GroupState.kept or self.readers == 0:
+                group.task = None
+
     def count(self, state: GroupState) -> int:
         return sum(1 for g in self.groups if g.state is state)
 
     def status(self) -> dict[str, Any]:
         """Progress, as GET /v1/batches/{id} answers it."""
-        req = self.request
         end = self.ended_at if self.ended_at is not None else trio.current_time()
         return {
             "id": self.id,
             "state": self.state.value,
             "stop_reason": self.stop_reason,
-            "prompts": len(req.prompts),
-            "group_size": req.group_size,
-            "keep": req.keep,
+            "prompts": self.prompts,
+            "group_size": self.group_size,
+            "keep": self.keep,
             "max_in_flight_groups": self.max_in_flight,
             "max_gen_groups": self.max_gen_groups,
-            "cancel_on_disconnect": req.cancel_on_disconnect,
+            "cancel_on_disconnect": self.cancel_on_disconnect,
             "tried": len(self.groups),
             "kept": len(self.kept_groups),
             "filtered": self.count(GroupState.filtered),
@@ -353,7 +387,7 @@ class Sampler:
         max_gen = min(len(req.prompts), req.max_gen_groups or len(req.prompts))
         batch = Batch(
             id=new_id("b"),
-            request=req,
+            req=req,
             max_in_flight=min(req.max_in_flight_groups or req.keep, max_gen),
             max_gen_groups=max_gen,
         )
@@ -378,16 +412,31 @@ class Sampler:
             batch.scope.cancel()
         return batch
 
-    async def groups(self, batch: Batch, *, start: int = 0) -> AsyncIterator[Group]:
-        """Kept groups from index ``start`` on, as they are kept; ends when the batch ends."""
-        i = start
-        while True:
-            while i < len(batch.kept_groups):
-                yield batch.kept_groups[i]
-                i += 1
-            if batch.done.is_set():
-                return
-            await batch.wait_changed()
+    async def groups(self, batch: Batch, *, start: int = 0) -> AsyncGenerator[Group]:
+        """Kept groups from index ``start`` on, as they are kept; ends when the batch ends.
+
+        A reader of the batch: while it runs, kept groups keep their tasks (even once the
+        batch has ended). The last reader to leave before the batch ends cancels it when the
+        request says ``cancel_on_disconnect``; close the iterator deterministically (aclosing).
+        """
+        batch.readers += 1
+        finished = False
+        try:
+            i = start
+            while True:
+                while i < len(batch.kept_groups):
+                    yield batch.kept_groups[i]
+                    i += 1
+                if batch.done.is_set():
+                    break
+                await batch.wait_changed()
+            finished = True
+        finally:
+            batch.readers -= 1
+            if batch.readers == 0 and batch.done.is_set():
+                batch.release()
+            elif batch.readers == 0 and not finished and batch.cancel_on_disconnect:
+                self.cancel(batch.id, reason="the client streaming its groups disconnected")
 
     @property
     def live(self) -> int:
@@ -430,6 +479,7 @@ class Sampler:
                     for job in group.jobs:
                         await job.done.wait()
             batch.ended_at = trio.current_time()
+            batch.release()
             batch.done.set()
             batch._notify()
             log.info("batch %s %s (%s): tried %d, kept %d, cancelled %d", batch.id,
@@ -510,6 +560,7 @@ class Sampler:
             batch.kept_groups.append(group)
         else:
             group.state, group.reason, group.detail = GroupState.filtered, reason, detail
+            group.task = None  # only a kept group's line shows its task
             assert reason is not None
             batch.filtered_reasons[reason] = batch.filtered_reasons.get(reason, 0) + 1
         batch._notify()

@@ -142,8 +142,14 @@ async def test_async_client_sample_batch(served):
         assert len(groups) == 3
         assert all(len(g.rollouts) == 3 and len(set(g.rewards)) > 1 for g in groups)
         assert all(g.prompt_index % 2 == 1 for g in groups)
-        st = await c.batch_status(groups[0].group_id.rsplit(".", 1)[0])
+        assert all(g.task == prompts[g.prompt_index] for g in groups)
+        batch_id = groups[0].group_id.rsplit(".", 1)[0]
+        st = await c.batch_status(batch_id)
         assert st["state"] == "completed" and st["kept"] == 3
+        # Ended with no stream open: the daemon released the tasks; the client's prompts fill them in.
+        assert [g.task async for g in c.batch_groups(batch_id)] == [None] * 3
+        replay = [g async for g in c.batch_groups(batch_id, prompts=prompts)]
+        assert [g.task for g in replay] == [g.task for g in groups]
         with pytest.raises(RolloutdError) as err:
             await c.create_batch([{"kind": "nope"}], group_size=2, keep=1)
         assert err.value.status == 422
@@ -213,6 +219,7 @@ async def test_sync_client_and_cli(served, tmp_path):
     assert await trio.to_thread.run_sync(cli.main, argv) == 0
     kept = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(kept) == 4 and all(len(k["rollouts"]) == 3 for k in kept)
+    assert all(k["task"] == prompts[k["prompt_index"]] for k in kept)
     argv[argv.index("4")] = "10"  # cannot keep 10 of 6 prompts: exit status 1
     assert await trio.to_thread.run_sync(cli.main, argv) == 1
     assert await trio.to_thread.run_sync(cli.main, argv[:-4]) == 2  # --batch without --keep

@@ -3,18 +3,27 @@
 Finished results stay in the result store for ``result_ttl_s``; before issue 15 (point 10)
 each kept its whole request, task included, so multi-MB task bodies grew the daemon's RSS
 without bound. bench/soak.py measures the RSS side (``rss_per_result_kb``); this checks the
-structure: once the rollouts are finished, no live object holds a task body.
+structure: once the rollouts are finished, no live object holds a task body. The same holds
+for dynamic-sampling batches, kept for ``result_ttl_s`` too: an ended batch let go of its
+prompts and of its groups' tasks.
 """
 
 from __future__ import annotations
 
 import gc
+import itertools
+import json
+import logging
+from typing import Any
 
 import pytest
+import trio
 
 from daemon.jobs import JobFinished
+from daemon.sampling import BatchEnded
 
 from .conftest import sleep_task
+from .test_sampling import equal, mixed
 
 BODY_CHARS = 2 * 1024 * 1024
 ROLLOUTS = 20
@@ -62,3 +71,54 @@ async def test_finished_results_do_not_keep_their_task_bodies(asgi):
     for job in jobs:
         with pytest.raises(JobFinished):
             job.request  # noqa: B018  (released when the job finished)
+
+
+async def test_ended_batches_do_not_keep_their_prompts(asgi, nursery, autojump_clock, caplog):
+    # pytest keeps every log record; a failed job's record holds its exception, whose frames
+    # hold the task. The daemon's handlers format and drop records at once.
+    caplog.set_level(logging.ERROR, logger="daemon.pipeline")
+    client, node = await asgi(max_body_bytes=6 * BODY_CHARS)
+    await nursery.start(node.sampler.run)
+    letters = itertools.count()
+
+    async def create(tasks: list[dict[str, Any]], **kw: Any) -> str:
+        # A fresh multi-MB body per prompt; the test keeps no reference to it.
+        prompts = [dict(t, pad=chr(ord("a") + next(letters) % 26) * BODY_CHARS) for t in tasks]
+        r = await client.post("/v1/batches", json={"prompts": prompts, "group_size": 2, **kw})
+        assert r.status_code == 202, r.text
+        return str(r.json()["id"])
+
+    async with client:
+        # Kept K (group 1 filtered, group 3 a cancelled leftover), streamed while it runs.
+        kept = await create([mixed(), equal(), mixed(run_s=2), mixed(run_s=100)],
+                            keep=2, max_in_flight_groups=4)
+        r = await client.get(f"/v1/batches/{kept}/groups")  # ASGI buffers: returns at the end
+        assert [len(line) > BODY_CHARS for line in r.text.splitlines()] == [True, True]
+        # Ran out: a failed group (infrastructure) and an all-equal one; prompts never tried.
+        failed = await create([mixed(fail_stage="eval"), equal()], keep=1)
+        bounded = await create([equal(), equal(), equal()], keep=1, max_gen_groups=1)
+        cancelled = await create([mixed(run_s=100)] * 3, keep=2)
+        await trio.sleep(1)
+        assert (await client.delete(f"/v1/batches/{cancelled}")).status_code == 202
+        batches = [node.sampler.get(b) for b in (kept, failed, bounded, cancelled)]
+        for batch in batches:
+            await batch.done.wait()
+        expected = [("completed", "kept"), ("exhausted", "prompts_exhausted"),
+                    ("exhausted", "max_gen_groups"), ("cancelled", "cancelled by request")]
+        assert [(b.state.value, b.stop_reason) for b in batches] == expected
+        # What the API answers for an ended batch is all still there, but the tasks.
+        st = (await client.get(f"/v1/batches/{kept}")).json()
+        assert (st["prompts"], st["tried"], st["kept"], st["filtered"], st["cancelled"]) == (4, 4, 2, 1, 1)
+        r = await client.get(f"/v1/batches/{kept}/groups")
+        replay = [json.loads(line) for line in r.text.splitlines()]
+        assert [(g["prompt_index"], g["task"], g["rewards"], len(g["rollouts"])) for g in replay] == [
+            (0, None, [0.0, 1.0], 2), (2, None, [0.0, 1.0], 2)]
+        st = (await client.get(f"/v1/batches/{failed}")).json()
+        assert st["filtered_reasons"] == {"infrastructure": 1, "all_equal": 1}
+        del r
+    assert holders_of_big_values(BODY_CHARS // 2) == []
+    for batch in batches:
+        assert all(g.task is None for g in batch.groups)
+        with pytest.raises(BatchEnded):
+            batch.request  # noqa: B018  (released when the batch ended)
+

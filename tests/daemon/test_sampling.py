@@ -8,6 +8,7 @@ supervisor is exercised in test_batch_api.py).
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ import trio
 
 from daemon.node import Node
 from daemon.pipeline import Services
-from daemon.sampling import BatchRequest, BatchState, GroupFilter, GroupState
+from daemon.sampling import BatchEnded, BatchRequest, BatchState, GroupFilter, GroupState
 from daemon.service import Draining, InvalidTask
 from daemon.tasks.base import Prompt, Reward, TaskHandler
 from daemon.tasks.registry import TaskRegistry
@@ -309,6 +310,24 @@ async def test_stream_from_an_offset_and_after_the_end(start, autojump_clock):
     line = batch.kept_groups[0].line()
     assert set(line) == {"group_id", "prompt_index", "task", "rewards", "rollouts"}
     assert line["rewards"] == [0.0, 1.0] and line["rollouts"][1]["reward"] == 1.0
+    assert line["task"] is None  # released: the batch ended with no reader
+
+
+async def test_a_reader_open_when_the_batch_ends_gets_every_task(start, autojump_clock):
+    node = await start()
+    prompts = [mixed(), equal(), mixed(run_s=2), mixed(run_s=50)]
+    batch = node.sampler.create(batch_req(prompts, keep=2, max_in_flight_groups=4))
+    async with aclosing(node.sampler.groups(batch)) as groups:
+        assert (await anext(groups)).index == 0
+        await batch.done.wait()  # the reader falls behind: the batch ends before it reads on
+        with pytest.raises(BatchEnded):
+            batch.request  # noqa: B018  (every prompt is released at once)
+        assert [g.task for g in batch.groups] == [prompts[0], None, prompts[2], None]
+        rest = [g.line()["task"] async for g in groups]
+    assert rest == [prompts[2]]
+    # The last reader is gone: the kept groups let go of their tasks too.
+    assert [g.task for g in batch.groups] == [None] * 4
+    assert [g.line()["task"] async for g in node.sampler.groups(batch)] == [None, None]
 
 
 # ---- through the real agent loop: groups stick to one backend, leftovers abort LLM calls ----
