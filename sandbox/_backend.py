@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import json
 import logging
 import os
@@ -46,6 +47,9 @@ MARKER_NAME = "ROLLOUTD_SANDBOX"
 CONFIG_NAME = "helper.json"  # in the control dir; the helper reads and removes it
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ENV_ALLOW = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")
+#: How long a request that found the helper gone waits for its exit status (it removes its
+#: socket just before it exits).
+HELPER_EXIT_WAIT_S = 5.0
 
 
 def default_helper_python() -> str:
@@ -230,7 +234,19 @@ class Backend:
         mechanisms["lifetime"] = "timer" if spec.lifetime_s else "off"
         return Sandbox(id=dirs.id, backend=self.name, workspace=dirs.workspace, workdir=workdir,
                        control_dir=dirs.control, python=self._sandbox_python(spec),
-                       socket_path=dirs.socket_path, limits=mechanisms, spec=spec)
+                       socket_path=dirs.socket_path, limits=mechanisms, spec=spec,
+                       helper_exit=functools.partial(self._helper_exit, handle))
+
+    async def _helper_exit(self, handle: Handle) -> int | None:
+        """The helper's exit status, as its wrapper passes it on (bwrap and ``apptainer
+        exec`` exit with their command's status; the local launcher is the helper), or
+        None if it is still running after HELPER_EXIT_WAIT_S."""
+        proc = handle.process
+        if proc is None:
+            return None
+        with trio.move_on_after(HELPER_EXIT_WAIT_S):
+            return await proc.wait()
+        return None
 
     def _helper_rlimits(self, plan: LimitPlan) -> dict[str, int]:
         # Set by the daemon on the launcher where it is the helper's ancestor (the helper

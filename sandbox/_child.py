@@ -34,6 +34,7 @@ class ChildProcess:
         self.pid = pid
         self._returncode: int | None = None
         self._pidfd: int | None = os.pidfd_open(pid)
+        self._waiting = trio.Lock()  # Trio lets one task at a time wait on an fd
         self.stdin = trio.lowlevel.FdStream(stdin) if stdin is not None else None
         self.stdout = trio.lowlevel.FdStream(stdout) if stdout is not None else None
 
@@ -79,9 +80,14 @@ class ChildProcess:
         return self._returncode
 
     async def wait(self) -> int:
-        while (code := self.returncode) is None:
-            assert self._pidfd is not None
-            await trio.lowlevel.wait_readable(self._pidfd)
+        """Its exit status, once it has exited; any number of tasks may wait at once."""
+        async with self._waiting:
+            while (code := self.returncode) is None:
+                assert self._pidfd is not None
+                try:
+                    await trio.lowlevel.wait_readable(self._pidfd)
+                except trio.ClosedResourceError:  # reaped meanwhile through ``returncode``
+                    pass
         return code
 
     def _close_pidfd(self) -> None:

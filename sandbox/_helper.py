@@ -17,6 +17,10 @@ Wire format, both directions: ``>II`` (json length, blob length), the JSON objec
 blob. Replies are ``{"ok": true, ...}`` or ``{"ok": false, "error": {...}}``; file
 descriptors ride on the reply's first byte. A connection closed by the daemon while a
 ``wait`` or ``run`` is pending cancels it (a cancelled ``run`` kills its process tree).
+
+At its ``lifetime_s`` (counted from its own start) the helper kills every process of the
+sandbox, removes its socket and exits with ``LIFETIME_EXIT``: the daemon tells the
+sandbox's end by that status, not by its own clock (sandbox/_sandbox.py).
 """
 
 import _signal as signal
@@ -32,6 +36,10 @@ HEADER = struct.Struct(">II")
 CHUNK = 65536
 DRAIN_GRACE_S = 0.5
 KEEP_EXITED = 4096
+#: The helper's exit status when its lifetime ran out. No other exit gives it: Python
+#: exits 1 (an uncaught exception, a parent gone at start), 2 or 120; bwrap 1 on its own
+#: errors; a signal shows as negative, or as 128 + its number through bwrap.
+LIFETIME_EXIT = 3
 
 
 class Codec:
@@ -353,6 +361,7 @@ class Helper:
         self.run_seq = 0
         self.sel = Poller()
         self.stopping = False
+        self.exit_status = 0
         self.oom_fd, self.oom, self.child_oom = None, 0, 0  # see protect()
         lifetime = cfg.get("lifetime_s")
         self.expires = None if lifetime is None else time.monotonic() + float(lifetime)
@@ -461,6 +470,7 @@ class Helper:
             if self.expires is not None and time.monotonic() >= self.expires:
                 warn("sandbox lifetime reached; killing everything")
                 self.stopping = True
+                self.exit_status = LIFETIME_EXIT
         self.kill_all()
 
     def next_timeout(self):
@@ -1094,6 +1104,7 @@ def main():
             os.unlink(helper.sock_path)
         except OSError:
             pass
+    raise SystemExit(helper.exit_status)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 A frame is ``>II`` (json length, blob length), the JSON object, then the blob. File
 descriptors (pty masters, pipe ends) arrive with SCM_RIGHTS on the reply. Closing the
 connection cancels a pending ``wait`` or ``run`` in the helper, so cancelling the Trio
-call is enough to cancel the request.
+call is enough to cancel the request. A helper gone (its socket removed, the connection
+reset or closed before the reply) is SandboxClosed; the Sandbox asks why (_sandbox.py).
 """
 
 from __future__ import annotations
@@ -44,11 +45,16 @@ class HelperClient:
                 await sock.connect(self.socket_path)
             except (FileNotFoundError, ConnectionRefusedError) as exc:
                 raise SandboxClosed(f"sandbox helper is gone ({exc.strerror})") from None
-            view = memoryview(data)
-            while view:
-                sent = await sock.send(view)
-                view = view[sent:]
-            reply, out = await _receive(sock, fds)
+            try:
+                view = memoryview(data)
+                while view:
+                    sent = await sock.send(view)
+                    view = view[sent:]
+                reply, out = await _receive(sock, fds)
+            except (ConnectionResetError, BrokenPipeError) as exc:
+                # the helper exited with the request queued (its lifetime, its death)
+                raise SandboxClosed(f"sandbox helper closed the connection ({exc.strerror})"
+                                    ) from None
         except BaseException:
             for fd in fds:
                 os.close(fd)

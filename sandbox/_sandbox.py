@@ -4,13 +4,14 @@ the sandbox's helper, so the three backends behave the same above this line."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from ._exceptions import SandboxClosed, SandboxError
+from ._helper import LIFETIME_EXIT
 from ._models import DirEntry, FileStat, RunResult
 from ._protocol import HelperClient
 
@@ -60,11 +61,17 @@ class SandboxProcess:
 
 class Sandbox:
     """One live sandbox. Created by a backend; use it inside ``backend.open(spec)`` or
-    between ``supervisor.open`` and ``supervisor.release``."""
+    between ``supervisor.open`` and ``supervisor.release``.
+
+    ``closed_reason`` says why it closed: ``released``, the lifetime (the helper exited
+    with ``LIFETIME_EXIT``), or ``helper gone`` (any other end of the helper; its exit
+    status when known). ``helper_exit`` is the backend's: the helper's exit status, or
+    None if it is still running after a bounded wait."""
 
     def __init__(self, *, id: str, backend: str, workspace: Path, workdir: str,
                  control_dir: Path, python: str, socket_path: str,
-                 limits: Mapping[str, str], spec: Any) -> None:
+                 limits: Mapping[str, str], spec: Any,
+                 helper_exit: Callable[[], Awaitable[int | None]] | None = None) -> None:
         self.id = id
         self.backend = backend
         self.workspace = workspace
@@ -76,6 +83,7 @@ class Sandbox:
         self.opened_at = time.monotonic()
         self.closed_reason: str | None = None
         self._client = HelperClient(socket_path)
+        self._helper_exit = helper_exit
 
     def __repr__(self) -> str:
         return f"<Sandbox {self.id} backend={self.backend} workspace={self.workspace}>"
@@ -95,12 +103,16 @@ class Sandbox:
         try:
             return await self._client.call(op, args, blob)
         except SandboxClosed:
-            lifetime = getattr(self.spec, "lifetime_s", None)
-            if lifetime is not None and time.monotonic() - self.opened_at >= lifetime:
-                self._mark_closed(f"lifetime of {lifetime:g} s expired")
-            else:
-                self._mark_closed("helper gone")
+            if self.closed_reason is None:
+                status = await self._helper_exit() if self._helper_exit is not None else None
+                self._mark_closed(self._gone_reason(status))
             raise SandboxClosed(f"sandbox {self.id} is closed ({self.closed_reason})") from None
+
+    def _gone_reason(self, status: int | None) -> str:
+        """Why the helper is gone, from its exit status (None: unknown, or still running)."""
+        if status == LIFETIME_EXIT:
+            return f"lifetime of {getattr(self.spec, 'lifetime_s', None) or 0:g} s expired"
+        return "helper gone" if status is None else f"helper gone (exit status {status})"
 
     # ----- processes -------------------------------------------------------------------
     async def spawn(self, argv: Sequence[str], *, pty: bool = False,
