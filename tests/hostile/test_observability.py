@@ -156,3 +156,18 @@ async def test_logs_carry_ids_and_never_the_token(daemon: Daemon) -> None:
     assert any(r.get("error_type") == "SandboxStartError" and r.get("stage") == "init" for r in failed)
     finished = [r for r in records if r.get("status") and r.get("job_id")]
     assert all(json.dumps(r).count(TOKEN) == 0 for r in finished)
+
+
+async def test_an_agent_that_fills_tmp_and_shm_gets_enospc_and_a_usable_trajectory(
+        daemon: Daemon) -> None:
+    """Filling `/tmp` and `/dev/shm` (memory-backed, charged to the sandbox's memory cgroup)
+    used to reach the memory limit first: the OOM killer took the helper and the rollout
+    ended `failed`, `usable: false`. Both are capped below the limit now (issue 15, point 2):
+    the agent sees ENOSPC, goes on, and the trajectory is scored."""
+    fill = ("dd if=/dev/zero of=/tmp/fill bs=1M 2>&1 | grep -o 'No space left on device'; "
+            "dd if=/dev/zero of=/dev/shm/fill bs=1M 2>&1 | grep -o 'No space left on device'; ")
+    out = await post(daemon, {"task": code_task(fill + GOOD), "wait": True, "timeout_s": 120})
+    [t] = out["rollouts"]
+    assert (t["status"], t["usable"], t["reward"]) == ("completed", True, 1.0), t["error"]
+    assert json.dumps(t["messages"]).count("No space left on device") == 2, t["messages"][2:]
+    await assert_clean(daemon)
