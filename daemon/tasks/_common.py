@@ -1,4 +1,4 @@
-"""Small pieces the built-in handlers share: field checks, answers, a test runner script."""
+"""Small pieces the built-in handlers share: field types, answers, a test runner script."""
 
 from __future__ import annotations
 
@@ -10,9 +10,14 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from daemon.tasks.base import TaskError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
 
 if TYPE_CHECKING:
     from daemon.trajectory import Trajectory
@@ -61,45 +66,22 @@ class TaskModel(BaseModel):
 
 
 def tools_type(allowed: Sequence[str]) -> Any:
-    return list[Literal[tuple(allowed)]]  # type: ignore[misc]
+    """A list of tool names from ``allowed``; a name given twice is offered once."""
+    return Annotated[list[Literal[tuple(allowed)]],  # type: ignore[misc]
+                     AfterValidator(lambda tools: list(dict.fromkeys(tools)))]
 
 
-def text_field(task: dict[str, Any], key: str, kind: str, *, aliases: Sequence[str] = ()) -> str:
-    """A required non-empty string (``aliases`` are accepted spellings of ``key``)."""
-    for name in (key, *aliases):
-        if name in task:
-            value = task[name]
-            if not isinstance(value, str) or not value.strip():
-                raise TaskError(f"{kind} task: {name!r} must be a non-empty string")
-            return value
-    raise TaskError(f"{kind} task: missing field {key!r}")
+def _exact_text(value: Any, handler: ValidatorFunctionWrapHandler) -> str:
+    checked = handler(value)
+    if isinstance(checked, str):
+        return checked
+    return number_text(value if isinstance(value, int) else checked)
 
 
-def number_field(
-    task: dict[str, Any], key: str, kind: str, default: float, *, minimum: float = 0.0
-) -> float:
-    value = task.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= minimum:
-        raise TaskError(f"{kind} task: {key!r} must be a number > {minimum:g}")
-    return float(value)
-
-
-def int_field(task: dict[str, Any], key: str, kind: str, default: int, *, minimum: int = 1) -> int:
-    value = task.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise TaskError(f"{kind} task: {key!r} must be an integer >= {minimum}")
-    return value
-
-
-def tools_field(task: dict[str, Any], kind: str, default: Sequence[str],
-                allowed: Sequence[str] = KNOWN_TOOLS) -> list[str]:
-    tools = task.get("tools", list(default))
-    if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
-        raise TaskError(f"{kind} task: 'tools' must be a list of tool names")
-    unknown = [t for t in tools if t not in allowed]
-    if unknown:
-        raise TaskError(f"{kind} task: unknown tools {unknown}; allowed: {', '.join(allowed)}")
-    return list(dict.fromkeys(tools))
+def answer_text(text: Any) -> Any:
+    """An answer field: ``text`` (a string type) or a finite JSON number, always read as text
+    (a number as :func:`number_text` writes it, an integer exactly)."""
+    return Annotated[text | Number, WrapValidator(_exact_text)]
 
 
 def last_assistant_text(trajectory: Trajectory) -> str | None:
@@ -153,13 +135,13 @@ def read_runner_output(raw: bytes) -> dict[str, Any]:
     return data
 
 
-def number_text(value: int | float, kind: str) -> str:
+def number_text(value: int | float) -> str:
     """A JSON number as decimal text, never in exponent form (``str(1e20)`` is ``1e+20``,
     which math-verify reads as Euler's e + 20): ints exactly, floats as the shortest decimal
     that reads back as the same float (``0.1`` stays ``0.1``)."""
     if isinstance(value, int):
         return str(value)
     if not math.isfinite(value):
-        raise TaskError(f"{kind} task: 'answer' must be a finite number, not {value!r}")
+        raise ValueError(f"not a finite number: {value!r}")
     text = format(Decimal(repr(value)), "f")
     return "0" if text in ("-0", "-0.0") else text

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, get_args
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 if TYPE_CHECKING:
     from daemon.trajectory import Trajectory
@@ -51,14 +53,29 @@ class TaskHandler(ABC):
     kind: ClassVar[str]
     #: The handler drives RUN itself (no agent loop); only labelled test tasks do this.
     custom_run: ClassVar[bool] = False
-    #: The task's JSON shape (a pydantic model with ``kind: Literal[...]``): the OpenAPI
-    #: document publishes it and :meth:`TaskRegistry.validate` checks it before
-    #: :meth:`validate`, so a request the schema admits is one ``validate`` accepts.
+    #: The task's fields, their defaults and normalisation: a pydantic model with
+    #: ``kind: Literal[...]`` (rules JSON Schema cannot say are its validators). The OpenAPI
+    #: document publishes it and :meth:`validate` checks a task with it: the one definition.
     task_model: ClassVar[type[BaseModel] | None] = None
 
-    @abstractmethod
     def validate(self, task: dict[str, Any]) -> dict[str, Any]:
-        """Return the normalised task, or raise TaskError naming what is wrong."""
+        """Return the normalised task, or raise TaskError naming what is wrong.
+
+        By default the task as :attr:`task_model` reads it: the model's fields (defaults
+        filled in, values normalised by its validators) over the task's own keys (the ``kind``
+        it was submitted as is kept). A handler without a model overrides this."""
+        model = self.task_model
+        if model is None:
+            raise NotImplementedError(f"{type(self).__name__} has no task_model: it must define validate")
+        kind, own = task.get("kind"), model_kind(model)
+        try:  # a handler registered under another kind reads its tasks as its model's kind
+            parsed = model.model_validate(task if own is None else {**task, "kind": own})
+        except ValidationError as exc:
+            raise TaskError(f"{kind} task: {describe_errors(exc)}") from None
+        fields = model.model_fields
+        values = parsed.model_dump()
+        return {**task, **{k: v for k, v in values.items()
+                           if k != "kind" and (v is not None or k not in fields)}}
 
     def sandbox_spec(self, task: dict[str, Any]) -> SandboxSpec | None:
         """The sandbox the rollout needs, or None when it needs none."""
@@ -83,3 +100,56 @@ class TaskHandler(ABC):
 
 
 Hook = Callable[[], Awaitable[None]]
+
+
+def model_kind(model: type[BaseModel]) -> str | None:
+    """The kind a task model describes (its ``kind: Literal["..."]``), or None."""
+    field = model.model_fields.get("kind")
+    kinds = get_args(field.annotation) if field is not None else ()
+    return kinds[0] if len(kinds) == 1 and isinstance(kinds[0], str) else None
+
+
+#: A step of an error's location that names a member of a union, not a field or an index.
+_UNION_MEMBER = re.compile(r"(?:str|int|float|bool|none|[a-z]+(?:-[a-z]+)+|[a-z-]+\[.*\])\Z",
+                           re.DOTALL)
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    """``('tests', 0, 'stdin')`` -> ``tests[0].stdin``; union members are left out."""
+    text = ""
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif i == 0:
+            text = part
+        elif part == "[key]" or _UNION_MEMBER.match(part):
+            continue
+        elif part.isidentifier():
+            text += f".{part}"
+        else:
+            text += f"[{json.dumps(part)}]"
+    return text
+
+
+def _message(error: Any) -> str:
+    if error["type"] == "missing":
+        return "required"
+    if error["type"] in ("value_error", "assertion_error") and "error" in error.get("ctx", {}):
+        return str(error["ctx"]["error"])
+    msg = str(error["msg"])
+    return msg[:1].lower() + msg[1:]
+
+
+def describe_errors(exc: ValidationError) -> str:
+    """The errors of the first field a task model refused, as one line naming the field:
+    ``'tests[0].stdin': input should be a valid string``; the alternatives of a field that
+    may be one of several types are joined with "or"."""
+    errors = exc.errors()
+    first = errors[0]["loc"][:1]
+    by_field: dict[str, list[str]] = {}
+    for error in errors:
+        if tuple(error["loc"][:1]) == tuple(first):
+            msgs = by_field.setdefault(_where(tuple(error["loc"])), [])
+            if _message(error) not in msgs:
+                msgs.append(_message(error))
+    return "; ".join(f"{f'{where!r}: ' if where else ''}{' or '.join(msgs)}" for where, msgs in by_field.items())

@@ -28,10 +28,10 @@ import re
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field, model_validator
 
-from daemon.tasks._common import NonBlank, Number, TaskModel, number_text, omitted
-from daemon.tasks.base import EvalContext, Prompt, Reward, TaskError, TaskHandler
+from daemon.tasks._common import NonBlank, TaskModel, answer_text, omitted
+from daemon.tasks.base import EvalContext, Prompt, Reward, TaskHandler
 from daemon.trajectory import Trajectory
 from tools.calculator import CalculatorError, evaluate, format_result
 
@@ -93,38 +93,29 @@ class CalcTaskModel(TaskModel):
     calculator tool evaluates (numbers, parentheses, + - * / // % **; see tools/calculator.py)."""
 
     kind: Literal["calc"]
-    expression: NonBlank = Field(json_schema_extra={"format": "arithmetic-expression"})
-    answer: _NumberText | Number = omitted(description="Default: the expression's value.")
+    expression: Annotated[NonBlank, AfterValidator(str.strip)] = Field(
+        json_schema_extra={"format": "arithmetic-expression"}
+    )
+    answer: answer_text(_NumberText) = omitted(description="Default: the expression's value.")  # type: ignore[valid-type]
     question: NonBlank = omitted(description="Default: What is {expression}?")
     examples: int = Field(1, ge=0, le=MAX_EXAMPLES)
+
+    @model_validator(mode="after")
+    def _defaults(self) -> CalcTaskModel:
+        try:
+            exact = format_result(evaluate(self.expression))
+        except CalculatorError as exc:
+            raise ValueError(f"'expression': {exc}") from None
+        # "1,000" and "1 000" are 1000
+        self.answer = exact if self.answer is None else re.sub(r"[, ]", "", self.answer)
+        if self.question is None:
+            self.question = f"What is {self.expression}?"
+        return self
 
 
 class CalcTask(TaskHandler):
     kind = "calc"
     task_model = CalcTaskModel
-
-    def validate(self, task: dict[str, Any]) -> dict[str, Any]:
-        expression = task.get("expression")
-        if not isinstance(expression, str) or not expression.strip():
-            raise TaskError("calc task: 'expression' must be a non-empty string")
-        try:
-            exact = format_result(evaluate(expression))
-        except CalculatorError as exc:
-            raise TaskError(f"calc task: 'expression': {exc}") from None
-        answer = task.get("answer", exact)
-        if isinstance(answer, int | float) and not isinstance(answer, bool):
-            answer = number_text(answer, "calc")
-        if not isinstance(answer, str) or not _NUMBER.fullmatch(answer.strip()):
-            raise TaskError("calc task: 'answer' must be a number or the text of one (e.g. 3.5)")
-        answer = re.sub(r"[, ]", "", answer.strip())
-        question = task.get("question", f"What is {expression.strip()}?")
-        if not isinstance(question, str) or not question.strip():
-            raise TaskError("calc task: 'question' must be a non-empty string")
-        examples = task.get("examples", 1)
-        if isinstance(examples, bool) or not isinstance(examples, int) or not 0 <= examples <= MAX_EXAMPLES:
-            raise TaskError(f"calc task: 'examples' must be an integer from 0 to {MAX_EXAMPLES}")
-        return {**task, "expression": expression.strip(), "answer": answer,
-                "question": question, "examples": examples}
 
     def prompt(self, task: dict[str, Any]) -> Prompt:
         return Prompt(

@@ -36,17 +36,13 @@ from daemon.tasks._common import (
     TaskModel,
     answer_texts,
     code_block,
-    int_field,
-    number_field,
     omitted,
     read_runner_output,
     runner_argv,
     tail,
-    text_field,
-    tools_field,
     tools_type,
 )
-from daemon.tasks.base import EvalContext, Prompt, Reward, TaskError, TaskHandler
+from daemon.tasks.base import EvalContext, Prompt, Reward, TaskHandler
 from daemon.trajectory import Trajectory
 from sandbox import Sandbox, SandboxSpec
 
@@ -70,13 +66,6 @@ def normalise_output(text: str) -> str:
     while lines and not lines[-1]:
         lines.pop()
     return "\n".join(lines)
-
-
-def _check_relpath(path: object, what: str) -> str:
-    if (not isinstance(path, str) or not path or path.startswith("/") or "\0" in path
-            or any(part in ("", ".", "..") for part in path.split("/"))):
-        raise TaskError(f"code task: {what} must be a relative path inside the workspace, got {path!r}")
-    return path
 
 
 class CodeTestCase(BaseModel):
@@ -114,51 +103,14 @@ class CodeTaskModel(TaskModel):
             raise ValueError("give 'prompt' (or 'question')")
         if (self.tests is None) == (self.pytest is None):
             raise ValueError("give exactly one of 'tests' (stdin/stdout cases) or 'pytest'")
+        if self.prompt is None:
+            self.prompt = self.question
         return self
 
 
 class CodeTask(TaskHandler):
     kind = "code"
     task_model = CodeTaskModel
-
-    def validate(self, task: dict[str, Any]) -> dict[str, Any]:
-        out = dict(task)
-        out["prompt"] = text_field(task, "prompt", "code", aliases=("question",))
-        out["entry"] = _check_relpath(task.get("entry", "solution.py"), "'entry'")
-        if not out["entry"].endswith(".py"):
-            raise TaskError("code task: 'entry' must be a .py file")
-        tests, pytest_src = task.get("tests"), task.get("pytest")
-        if (tests is None) == (pytest_src is None):
-            raise TaskError("code task: give exactly one of 'tests' (stdin/stdout cases) or 'pytest'")
-        if tests is not None:
-            if not isinstance(tests, list) or not tests:
-                raise TaskError("code task: 'tests' must be a non-empty list of {stdin, stdout} cases")
-            for i, case in enumerate(tests):
-                if (not isinstance(case, dict) or not isinstance(case.get("stdout"), str)
-                        or not isinstance(case.get("stdin", ""), str)
-                        or set(case) - {"stdin", "stdout"}):
-                    raise TaskError(f"code task: tests[{i}] must be {{\"stdin\": str, \"stdout\": str}}")
-            out["tests"] = [{"stdin": c.get("stdin", ""), "stdout": c["stdout"]} for c in tests]
-            out.pop("pytest", None)
-        elif not isinstance(pytest_src, str) or not pytest_src.strip():
-            raise TaskError("code task: 'pytest' must be the text of a pytest file")
-        else:
-            out.pop("tests", None)
-        mode = task.get("reward", "fraction")
-        if mode not in ("fraction", "all"):
-            raise TaskError("code task: 'reward' must be 'fraction' or 'all'")
-        out["reward"] = mode
-        files = task.get("files", {})
-        if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
-            raise TaskError("code task: 'files' must map relative paths to text")
-        for path in files:
-            _check_relpath(path, "a 'files' path")
-        out["files"] = dict(files)
-        out["timeout_s"] = number_field(task, "timeout_s", "code", 10.0)
-        out["memory_mb"] = int_field(task, "memory_mb", "code", 512, minimum=16)
-        out["pids_max"] = int_field(task, "pids_max", "code", 64, minimum=8)
-        out["tools"] = tools_field(task, "code", ["bash", "editor", "finish"])
-        return out
 
     def sandbox_spec(self, task: dict[str, Any]) -> SandboxSpec:
         return SandboxSpec(memory_mb=max(AGENT_MEMORY_MB, task["memory_mb"]), pids_max=AGENT_PIDS_MAX)

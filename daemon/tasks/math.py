@@ -28,16 +28,7 @@ from typing import Any, Literal
 import trio
 from pydantic import ConfigDict, Field, model_validator
 
-from daemon.tasks._common import (
-    NonBlank,
-    Number,
-    TaskModel,
-    answer_texts,
-    number_text,
-    omitted,
-    tools_field,
-    tools_type,
-)
+from daemon.tasks._common import NonBlank, TaskModel, answer_text, answer_texts, omitted, tools_type
 from daemon.tasks.base import EvalContext, Prompt, Reward, TaskError, TaskHandler
 from daemon.trajectory import Trajectory
 
@@ -103,32 +94,21 @@ class MathTaskModel(TaskModel):
     kind: Literal["math"]
     question: NonBlank = omitted()  # one of the two is required (not null)
     problem: NonBlank = omitted()
-    answer: NonBlank | Number
+    answer: answer_text(NonBlank)  # type: ignore[valid-type]
     tools: tools_type(["finish"]) = Field(default_factory=list)  # type: ignore[valid-type]
 
     @model_validator(mode="after")
     def _has_question(self) -> MathTaskModel:
         if self.question is None and self.problem is None:
             raise ValueError("give 'question' (or 'problem')")
+        if self.question is None:
+            self.question = self.problem
         return self
 
 
 class MathTask(TaskHandler):
     kind = "math"
     task_model = MathTaskModel
-
-    def validate(self, task: dict[str, Any]) -> dict[str, Any]:
-        out = dict(task)
-        question = task.get("question", task.get("problem"))
-        if not isinstance(question, str) or not question.strip():
-            raise TaskError("math task: 'question' must be a non-empty string")
-        answer = task.get("answer")
-        if isinstance(answer, bool) or not isinstance(answer, str | int | float) or not str(answer).strip():
-            raise TaskError("math task: 'answer' must be a non-empty string or a number")
-        out["question"] = question
-        out["answer"] = answer if isinstance(answer, str) else number_text(answer, "math")
-        out["tools"] = tools_field(task, "math", [], allowed=("finish",))
-        return out
 
     def prompt(self, task: dict[str, Any]) -> Prompt:
         return Prompt(

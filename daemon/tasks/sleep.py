@@ -17,11 +17,8 @@ import trio
 from pydantic import Field
 
 from daemon.tasks._common import Number, TaskModel
-from daemon.tasks.base import EvalContext, Prompt, Reward, TaskError, TaskHandler
+from daemon.tasks.base import EvalContext, Prompt, Reward, TaskHandler
 from daemon.trajectory import Trajectory
-
-_STAGES = ("init", "run", "eval")
-
 
 _Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
@@ -46,36 +43,6 @@ class SleepTask(TaskHandler):
     custom_run = True
     label = "test-task:sleep"
     task_model = SleepTaskModel
-
-    def validate(self, task: dict[str, Any]) -> dict[str, Any]:
-        out = dict(task)
-        for key in ("init_s", "run_s", "eval_s"):
-            value = task.get(key, 0.0)
-            if key == "run_s" and isinstance(value, list) and value:
-                out[key] = [_non_negative(v, key) for v in value]
-                continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise TaskError(f"sleep task: {key} must be a non-negative number")
-            out[key] = float(value)
-        reward = task.get("reward", 1.0)
-        if isinstance(reward, bool) or not isinstance(reward, int | float):
-            raise TaskError("sleep task: reward must be a number")
-        out["reward"] = float(reward)
-        rewards = task.get("rewards")
-        if rewards is not None:
-            if not isinstance(rewards, list) or not rewards or not all(
-                isinstance(r, int | float) and not isinstance(r, bool) for r in rewards
-            ):
-                raise TaskError("sleep task: rewards must be a non-empty list of numbers")
-            out["rewards"] = [float(r) for r in rewards]
-        info = task.get("reward_info", {})
-        infos = info if isinstance(info, list) else [info]
-        if not infos or not all(isinstance(i, dict) for i in infos):
-            raise TaskError("sleep task: reward_info must be a dict or a non-empty list of dicts")
-        fail = task.get("fail_stage")
-        if fail is not None and fail not in _STAGES:
-            raise TaskError(f"sleep task: fail_stage must be one of {', '.join(_STAGES)}")
-        return out
 
     async def setup(self, sandbox: object, task: dict[str, Any]) -> None:
         await self._sleep(task, "init")
@@ -108,8 +75,3 @@ class SleepTask(TaskHandler):
         if task.get("fail_stage") == stage:
             raise RuntimeError(f"sleep task asked to fail in {stage}")
 
-
-def _non_negative(value: object, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise TaskError(f"sleep task: {key} must be a non-negative number or a list of them")
-    return float(value)

@@ -30,11 +30,17 @@ a repository that cannot be cloned at ``base_commit``, a test patch that does no
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from daemon.tasks._common import (
     KNOWN_TOOLS,
@@ -44,17 +50,13 @@ from daemon.tasks._common import (
     PositiveNumber,
     TaskModel,
     describe_run,
-    int_field,
-    number_field,
     omitted,
     read_runner_output,
     runner_argv,
     tail,
-    text_field,
-    tools_field,
     tools_type,
 )
-from daemon.tasks.base import EvalContext, Prompt, Reward, TaskError, TaskHandler
+from daemon.tasks.base import EvalContext, Prompt, Reward, TaskHandler
 from daemon.trajectory import Trajectory
 from sandbox import Bind, Sandbox, SandboxSpec
 
@@ -84,18 +86,6 @@ _GIT = ["git", "-c", "safe.directory=*", "-c", "core.hooksPath=/dev/null",
         "-c", "user.email=rolloutd@localhost"]
 
 
-def _test_list(task: dict[str, Any], key: str) -> list[str]:
-    value = task.get(key, [])
-    if isinstance(value, str):  # SWE-bench exports store these as JSON text
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            raise TaskError(f"swe task: {key!r} is a string but not a JSON list") from None
-    if not isinstance(value, list) or not all(isinstance(t, str) and t.strip() for t in value):
-        raise TaskError(f"swe task: {key!r} must be a list of test ids")
-    return list(value)
-
-
 def patch_files(patch: str) -> list[str]:
     """Paths a unified git diff touches (old and new names)."""
     files: list[str] = []
@@ -106,10 +96,21 @@ def patch_files(patch: str) -> list[str]:
     return files
 
 
-#: SWE-bench exports store test lists as JSON text: format ``json-test-ids`` is the JSON text
-#: of a list of test ids (non-empty for FAIL_TO_PASS).
-_TestIdsText = Annotated[str, Field(json_schema_extra={"format": "json-test-ids"})]
 _TestIds = list[NonBlank]
+_TEST_IDS = TypeAdapter(_TestIds, config=ConfigDict(strict=True))
+
+
+def _json_test_ids(text: str) -> list[str]:
+    try:
+        return _TEST_IDS.validate_json(text)
+    except ValidationError:
+        raise ValueError("input should be the JSON text of a list of test ids") from None
+
+
+#: SWE-bench exports store test lists as JSON text: format ``json-test-ids`` is the JSON text
+#: of a list of test ids (non-empty for FAIL_TO_PASS); it is read as that list.
+_TestIdsText = Annotated[str, Field(json_schema_extra={"format": "json-test-ids"}),
+                         AfterValidator(_json_test_ids)]
 
 
 class SweTaskModel(TaskModel):
@@ -133,53 +134,21 @@ class SweTaskModel(TaskModel):
     memory_mb: int = Field(2048, ge=64)
     tools: tools_type(KNOWN_TOOLS) = Field(default_factory=lambda: ["bash", "editor", "finish"])  # type: ignore[valid-type]
 
+    @model_validator(mode="after")
+    def _checks(self) -> SweTaskModel:
+        if self.repo_path is None and self.image is None:
+            raise ValueError("give 'repo_path' (a git repository on the daemon's host) "
+                             "or 'image' (the instance's Apptainer image)")
+        if not self.FAIL_TO_PASS:
+            raise ValueError("'FAIL_TO_PASS' must list at least one test")
+        if "id" not in (self.model_extra or {}):
+            self.id = self.instance_id  # the trajectory's task_id
+        return self
+
 
 class SweTask(TaskHandler):
     kind = "swe"
     task_model = SweTaskModel
-
-    def validate(self, task: dict[str, Any]) -> dict[str, Any]:
-        out = dict(task)
-        out["instance_id"] = text_field(task, "instance_id", "swe")
-        out.setdefault("id", out["instance_id"])
-        out["problem_statement"] = text_field(task, "problem_statement", "swe")
-        base = text_field(task, "base_commit", "swe").strip()
-        if not _SAFE_REF.fullmatch(base):
-            raise TaskError("swe task: 'base_commit' must be a commit id")
-        out["base_commit"] = base
-        test_patch = task.get("test_patch", "")
-        if not isinstance(test_patch, str):
-            raise TaskError("swe task: 'test_patch' must be a string (a unified diff)")
-        out["test_patch"] = test_patch
-        out["FAIL_TO_PASS"] = _test_list(task, "FAIL_TO_PASS")
-        out["PASS_TO_PASS"] = _test_list(task, "PASS_TO_PASS")
-        if not out["FAIL_TO_PASS"]:
-            raise TaskError("swe task: 'FAIL_TO_PASS' must list at least one test")
-        image, repo_path = task.get("image"), task.get("repo_path")
-        if image is None and repo_path is None:
-            raise TaskError("swe task: give 'repo_path' (a git repository on the daemon's host) "
-                            "or 'image' (the instance's Apptainer image)")
-        if image is not None:
-            if not isinstance(image, str) or not image.strip():
-                raise TaskError("swe task: 'image' must be a .sif path or a docker:// reference")
-            repo_dir = task.get("repo_dir", "/testbed")
-            if not isinstance(repo_dir, str) or not repo_dir.startswith("/"):
-                raise TaskError("swe task: 'repo_dir' must be an absolute path inside the image")
-            out["repo_dir"] = repo_dir
-        else:
-            if not isinstance(repo_path, str) or not repo_path.startswith("/"):
-                raise TaskError("swe task: 'repo_path' must be an absolute path")
-            try:
-                Bind(host=repo_path, dest=repo_path)
-            except ValueError as exc:
-                raise TaskError(f"swe task: 'repo_path': {exc}") from None
-        python = task.get("python")
-        if python is not None and (not isinstance(python, str) or not python.startswith("/")):
-            raise TaskError("swe task: 'python' must be an absolute path inside the sandbox")
-        out["test_timeout_s"] = number_field(task, "test_timeout_s", "swe", 120.0)
-        out["memory_mb"] = int_field(task, "memory_mb", "swe", 2048, minimum=64)
-        out["tools"] = tools_field(task, "swe", ["bash", "editor", "finish"])
-        return out
 
     # ---- INIT ---------------------------------------------------------------------
 

@@ -73,7 +73,7 @@ async def test_unreachable_daemon_exits_1(capsys):
 def test_read_tasks_checks_each_task_with_its_handler(tmp_path):
     f = tmp_path / "t.jsonl"
     f.write_text('{"kind": "sleep"}\n{"kind": "sleep", "run_s": -1}\n')
-    with pytest.raises(CliError, match=r"t\.jsonl:2: sleep task: run_s"):
+    with pytest.raises(CliError, match=r"t\.jsonl:2: sleep task: 'run_s'"):
         read_tasks(f)
     f.write_text('{"kind": "nope"}\n')
     with pytest.raises(CliError, match=r"t\.jsonl:1: unknown task kind 'nope'"):

@@ -293,7 +293,7 @@ async def test_stopping_the_sampler_cancels_its_batches(tmp_path, autojump_clock
 
 async def test_invalid_batches_are_refused_up_front(start, autojump_clock):
     node = await start(max_samples_per_request=8)
-    with pytest.raises(InvalidTask, match=r"prompts\[1\]: sleep task: rewards"):
+    with pytest.raises(InvalidTask, match=r"prompts\[1\]: sleep task: 'rewards'"):
         node.sampler.create(batch_req([mixed(), {"kind": "sleep", "rewards": []}]))
     with pytest.raises(InvalidTask, match="unknown task kind"):
         node.sampler.create(batch_req([{"kind": "nope"}]))
