@@ -14,7 +14,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from federation import FederationSettingError, GossipSettings
 
@@ -80,6 +88,7 @@ class Settings(BaseModel):
     sandbox_pids_max: int | None = Field(512, ge=8)
     sandbox_cpu_cores: float | None = Field(None, gt=0)
     sandbox_disk_mb: int | None = Field(None, ge=16)
+    sandbox_tmpfs_mb: int | None = Field(None, ge=1)
     sandbox_lifetime_buffer_s: float = Field(120.0, ge=0)
     apptainer_binary: str | None = None
     image_cache_dir: Path | None = None
@@ -108,6 +117,17 @@ class Settings(BaseModel):
     suspect_after_s: float = _GOSSIP.suspect_after_s
     dead_after_s: float = _GOSSIP.dead_after_s
     request_timeout_s: float = _GOSSIP.request_timeout_s
+
+    @field_validator("sandbox_tmpfs_mb")
+    @classmethod
+    def _tmpfs_below_memory(cls, value: int | None, info: ValidationInfo) -> int | None:
+        # /tmp and /dev/shm are memory-backed and charged to the sandbox's memory limit: both
+        # full must leave room for the processes, or filling them is an OOM kill, not ENOSPC.
+        memory = info.data.get("sandbox_memory_mb")
+        if value is not None and memory is not None and 2 * value >= memory:
+            raise ValueError(f"must be below half of sandbox_memory_mb ({memory}): /tmp and "
+                             f"/dev/shm ({value} MiB each) count against it")
+        return value
 
     @field_validator("seeds", mode="before")
     @classmethod

@@ -278,20 +278,28 @@ class Pipeline:
         supervisor = self.services.supervisor
         if supervisor is None:
             raise PipelineError("this daemon has no sandbox supervisor")
+        lifetime_s = job.budget.remaining() + self.settings.sandbox_lifetime_buffer_s
+        sb = await supervisor.open(self.complete_spec(spec, lifetime_s=lifetime_s))
+        log.debug("job %s opened sandbox %s", job.id, sb.id, extra=_ids(job, sandbox_id=sb.id))
+        return sb
+
+    def complete_spec(self, spec: SandboxSpec, *, lifetime_s: float) -> SandboxSpec:
+        """A task's spec with the settings' limits (and ``lifetime_s``) where it names none."""
         update: dict[str, Any] = {
             key: value for key, value in self.sandbox_defaults().items() if getattr(spec, key) is None
         }
+        if spec.memory_mb is not None:  # the daemon's /tmp size fits its own memory default only
+            update.pop("tmpfs_mb", None)
         if spec.lifetime_s is None:
-            update["lifetime_s"] = job.budget.remaining() + self.settings.sandbox_lifetime_buffer_s
-        sb = await supervisor.open(spec.model_copy(update=update))
-        log.debug("job %s opened sandbox %s", job.id, sb.id, extra=_ids(job, sandbox_id=sb.id))
-        return sb
+            update["lifetime_s"] = lifetime_s
+        return spec.model_copy(update=update)
 
     def sandbox_defaults(self) -> dict[str, Any]:
         """Limits a sandbox gets when its task names none (from the settings)."""
         s = self.settings
         return {"memory_mb": s.sandbox_memory_mb, "pids_max": s.sandbox_pids_max,
-                "cpu_cores": s.sandbox_cpu_cores, "disk_mb": s.sandbox_disk_mb}
+                "cpu_cores": s.sandbox_cpu_cores, "disk_mb": s.sandbox_disk_mb,
+                "tmpfs_mb": s.sandbox_tmpfs_mb}
 
     @asynccontextmanager
     async def _scoped_sandbox(self, spec: SandboxSpec, job: Job) -> AsyncIterator[Sandbox]:

@@ -156,3 +156,24 @@ def test_serve_with_inconsistent_federation_settings_exits_2_naming_the_setting(
     assert proc.stderr.startswith("rolloutd serve: invalid settings: suspect_after_s (from defaults)")
     assert "gossip_interval_s is from environment ROLLOUTD_GOSSIP_INTERVAL_S" in proc.stderr
     assert not (tmp_path / "state").exists()  # refused before anything started
+
+
+def test_sandbox_tmpfs_size_is_a_setting_below_half_the_memory_limit(tmp_path: Path):
+    """`/tmp` and `/dev/shm` are memory-backed and charged to the sandbox's memory limit
+    (issue 15, point 2): their size is a setting, refused at load when both full would leave
+    the processes no room, and it reaches the sandboxes that take the daemon's memory limit."""
+    from daemon.pipeline import Pipeline, Services
+    from sandbox import SandboxSpec
+
+    s = load_settings(environ={"ROLLOUTD_SANDBOX_TMPFS_MB": "300"})
+    assert s.sandbox_tmpfs_mb == 300
+    with pytest.raises(ConfigError, match=r"sandbox_tmpfs_mb \(from environment .*\): .*below half"):
+        load_settings(environ={"ROLLOUTD_SANDBOX_TMPFS_MB": "1024"})  # 2048 MiB memory
+    with pytest.raises(ConfigError, match="sandbox_tmpfs_mb"):
+        load_settings(environ={"ROLLOUTD_SANDBOX_TMPFS_MB": "100", "ROLLOUTD_SANDBOX_MEMORY_MB": "200"})
+    pipeline = Pipeline(s, Services())
+    spec = pipeline.complete_spec(SandboxSpec(), lifetime_s=60)
+    assert (spec.memory_mb, spec.tmpfs_mb, spec.lifetime_s) == (2048, 300, 60)
+    # a task that names its own memory limit gets /tmp sized from it, not the daemon's size
+    assert pipeline.complete_spec(SandboxSpec(memory_mb=256), lifetime_s=60).tmpfs_mb is None
+    assert pipeline.complete_spec(SandboxSpec(tmpfs_mb=8), lifetime_s=60).tmpfs_mb == 8
