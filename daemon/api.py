@@ -460,7 +460,7 @@ def create_app(node: Node) -> QuartTrio:
     # ---- rollouts --------------------------------------------------------------------
 
     settings = node.settings
-    max_n = min(settings.max_samples_per_request, node.service.pipeline.intake.capacity)
+    max_n = node.service.max_group_size
     submit_request = documented(
         RolloutRequest, maxima={"n": max_n, "timeout_s": settings.max_timeout_s}, task="task"
     )

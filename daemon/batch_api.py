@@ -94,7 +94,7 @@ def register_batch_routes(app: QuartTrio, node: Node) -> None:
     settings = node.settings
     batch_request = documented(
         BatchRequest,
-        maxima={"group_size": min(settings.max_samples_per_request, node.service.pipeline.intake.capacity),
+        maxima={"group_size": node.service.max_group_size,
                 "timeout_s": settings.max_timeout_s},
         task="prompts",
     )

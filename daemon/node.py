@@ -132,7 +132,7 @@ class Node:
         try:
             await self.journal.sync()
         except JournalError as exc:
-            self.service.withdraw(sub)
+            self.service.withdraw(sub, req.idempotency_key)
             raise ServiceUnavailable(f"{exc}; the rollouts were not accepted", retry_after_s=5) from None
         return sub
 

@@ -367,12 +367,7 @@ class Sampler:
         if not self._running:
             raise Draining("the sampler is not running", retry_after_s=5)
         settings = self.service.settings
-        if req.group_size > settings.max_samples_per_request:
-            raise InvalidTask(f"group_size={req.group_size} exceeds max_samples_per_request="
-                              f"{settings.max_samples_per_request}")
-        if req.group_size > self.service.pipeline.intake.capacity:
-            raise InvalidTask(f"group_size={req.group_size} exceeds the intake queue "
-                              f"({self.service.pipeline.intake.capacity} jobs)")
+        self.service.check_group_size("group_size", req.group_size)
         timeout_s = req.timeout_s or settings.default_timeout_s
         if timeout_s > settings.max_timeout_s:
             raise InvalidTask(f"timeout_s={timeout_s:g} exceeds max_timeout_s={settings.max_timeout_s:g}")

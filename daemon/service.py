@@ -105,14 +105,7 @@ class RolloutService:
     def submit(self, req: RolloutRequest) -> Submitted:
         if self.draining:
             raise Draining("the daemon is draining and takes no new rollouts", retry_after_s=5)
-        if req.n > self.settings.max_samples_per_request:
-            raise InvalidTask(
-                f"n={req.n} exceeds max_samples_per_request={self.settings.max_samples_per_request}"
-            )
-        if req.n > self.pipeline.intake.capacity:
-            # A group is queued all or nothing: one larger than the queue never fits (not a 429).
-            raise InvalidTask(f"n={req.n} exceeds queue_size={self.pipeline.intake.capacity}: "
-                              "a group is queued whole")
+        self.check_group_size("n", req.n)
         digest = ""
         if req.idempotency_key is not None:
             digest = _digest(req)
@@ -168,16 +161,31 @@ class RolloutService:
                 self._idempotency.popitem(last=False)
         return Submitted(group_id, jobs)
 
-    def withdraw(self, sub: Submitted) -> None:
+    @property
+    def max_group_size(self) -> int:
+        """The largest group a request may ask for: ``max_samples_per_request``, and the whole
+        intake queue (a group is queued all or nothing, so a larger one never fits)."""
+        return min(self.settings.max_samples_per_request, self.pipeline.intake.capacity)
+
+    def check_group_size(self, field: str, n: int) -> None:
+        """InvalidTask naming the limit when a group of ``n`` can never be taken (not a 429)."""
+        if n > self.settings.max_samples_per_request:
+            raise InvalidTask(
+                f"{field}={n} exceeds max_samples_per_request={self.settings.max_samples_per_request}"
+            )
+        if n > self.pipeline.intake.capacity:
+            raise InvalidTask(f"{field}={n} exceeds queue_size={self.pipeline.intake.capacity}: "
+                              "a group is queued whole")
+
+    def withdraw(self, sub: Submitted, idempotency_key: str | None) -> None:
         """Undo a submit whose answer never reached the client (the journal could not record
         it): its jobs are cancelled and its idempotency key forgotten, so a retry starts anew."""
         if sub.replayed:
             return
         for job in sub.jobs:
             self.pipeline.cancel(job)
-        for key, (_, group_id, _ids) in list(self._idempotency.items()):
-            if group_id == sub.group_id:
-                del self._idempotency[key]
+        if idempotency_key is not None:
+            self._idempotency.pop(idempotency_key, None)
 
     def _retry_after(self) -> float:
         """Seconds until a slot is likely free: the queue drained at the run stage's pace."""

@@ -26,6 +26,8 @@ import subprocess
 import sys
 from typing import Any, ClassVar
 
+import trio
+
 from ._backend import Backend, Handle, first_child
 from ._exceptions import SandboxStartError
 from ._limits import RUN_MAX_MB, tmpfs_mb
@@ -57,6 +59,7 @@ class BwrapBackend(Backend):
         super().__init__(**options)
         self.bwrap = bwrap or shutil.which("bwrap") or "/usr/bin/bwrap"
         self.hide_paths = tuple(hide_paths)
+        self._sized: bool | None = None  # takes_size(self.bwrap), asked off the event loop
 
     def check(self) -> None:
         if not os.access(self.bwrap, os.X_OK):
@@ -69,7 +72,8 @@ class BwrapBackend(Backend):
             raise SandboxStartError("bwrap backend: cannot create namespaces here: "
                                     f"{probe.stderr.decode(errors='replace').strip()} "
                                     "(are unprivileged user namespaces enabled?)")
-        if not takes_size(self.bwrap):
+        self._sized = takes_size(self.bwrap)
+        if not self._sized:
             log.warning("%s takes no --size (bubblewrap < 0.8, or installed setuid): the "
                         "sandboxes' /tmp, /dev/shm and /run are not size-capped, and filling "
                         "them counts against the memory limit (an OOM kill, not ENOSPC)",
@@ -83,14 +87,18 @@ class BwrapBackend(Backend):
         # The options depend on the spec, so they come after the launcher's go (--args 0).
         return [self.bwrap, "--args", "0", "--", *helper]
 
+    async def _prepare(self, spec: SandboxSpec, handle: Handle) -> None:
+        if self._sized is None:  # check() did not run: ask bwrap (a subprocess) in a thread
+            self._sized = await trio.to_thread.run_sync(takes_size, self.bwrap)
+
     def _command_input(self, spec: SandboxSpec, handle: Handle) -> bytes:
         options = bwrap_options(spec, handle, state_dir=str(self.layout.state_dir),
                                 lib_dir=str(self.layout.lib_dir()), hide_paths=self.hide_paths,
-                                sized=takes_size(self.bwrap))
+                                sized=bool(self._sized))
         return b"".join(os.fsencode(arg) + b"\0" for arg in options)
 
     def _mechanisms(self, spec: SandboxSpec) -> dict[str, str]:
-        return {"tmpfs": "tmpfs-size" if takes_size(self.bwrap) else "unenforced"}
+        return {"tmpfs": "tmpfs-size" if self._sized else "unenforced"}
 
 
 def tmpfs_sizes(spec: SandboxSpec) -> dict[str, int]:
@@ -141,7 +149,8 @@ def bwrap_options(spec: SandboxSpec, handle: Handle, *, state_dir: str, lib_dir:
 @functools.cache
 def takes_size(bwrap: str) -> bool:
     """Whether this bwrap takes ``--size`` (bubblewrap >= 0.8; a setuid bwrap refuses it
-    but to root): asked once, from its --help (``check()`` asks first, off the event loop)."""
+    but to root): asked once, from its --help (by ``check()``, or by the first open in a
+    worker thread)."""
     try:
         if os.stat(bwrap).st_mode & stat.S_ISUID and os.getuid() != 0:
             return False

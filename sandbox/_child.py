@@ -17,14 +17,11 @@ without the flag are closed).
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Collection, Sequence
 
 import trio
 
-#: Every signal the child gets back at its default (glibc's internal 32 and 33 are not
-#: valid_signals(); posix_spawn leaves them ignored, as for every process it starts).
-DEFAULT_SIGNALS = tuple(sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}))
+from ._helper import RESET_SIGNALS
 
 
 class ChildProcess:
@@ -57,7 +54,7 @@ class ChildProcess:
         actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable_fds()]
         try:
             pid = os.posix_spawn(argv[0], list(argv), env, file_actions=actions, setsid=True,
-                                 setsigmask=tuple(blocked), setsigdef=DEFAULT_SIGNALS)
+                                 setsigmask=tuple(blocked), setsigdef=RESET_SIGNALS)
         except BaseException:
             os.close(in_w)
             os.close(out_r)

@@ -145,4 +145,3 @@ class Launcher:
             await self.process.stdout.aclose()
         with trio.move_on_after(2.0):
             await self.process.wait()
-        self.close_log()

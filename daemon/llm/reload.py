@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from daemon.llm.base import Backend, BackendRejected, BackendUnavailable
+from daemon.llm.vllm import error_text
 
 if TYPE_CHECKING:
     from daemon.llm.pool import BackendPool
@@ -125,9 +126,9 @@ async def reload_backend(
         except httpx.TransportError as exc:
             raise BackendUnavailable(f"{backend.name}: reload: {type(exc).__name__}: {exc}") from exc
         if resp.status_code >= 500:
-            raise BackendUnavailable(f"{backend.name}: reload: HTTP {resp.status_code}: {resp.text[:300]}")
+            raise BackendUnavailable(f"{backend.name}: reload: {error_text(resp)}")
         if resp.status_code >= 400:
-            raise WeightsError(f"{backend.name}: reload: HTTP {resp.status_code}: {resp.text[:300]}")
+            raise WeightsError(f"{backend.name}: reload: {error_text(resp)}")
         return dict(resp.json())
     raise ReloadUnsupported(
         f"backend {backend.name} ({kind}) cannot load weights from a directory through rolloutd: "
