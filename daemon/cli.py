@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from daemon.client import DEFAULT_URL, Client, RolloutdError
+from daemon.errors import DaemonError
 
 
-class CliError(Exception):
+class CliError(DaemonError):
     """A message for the user; the command exits 2."""
 
 

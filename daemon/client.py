@@ -20,6 +20,7 @@ from typing import Any, Self
 
 import httpx
 
+from daemon.errors import DaemonError
 from daemon.trajectory import Trajectory
 
 DEFAULT_URL = "http://127.0.0.1:8321"
@@ -27,7 +28,7 @@ DEFAULT_URL = "http://127.0.0.1:8321"
 DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None)
 
 
-class RolloutdError(Exception):
+class RolloutdError(DaemonError):
     """The daemon answered with an error (or could not be reached: status 0)."""
 
     def __init__(self, status: int, type: str, message: str) -> None:

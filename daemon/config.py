@@ -24,12 +24,13 @@ from pydantic import (
     model_validator,
 )
 
+from daemon.errors import DaemonError
 from federation import FederationSettingError, GossipSettings
 
 ENV_PREFIX = "ROLLOUTD_"
 
 
-class ConfigError(Exception):
+class ConfigError(DaemonError):
     """The configuration is invalid; the message says which key and where."""
 
 

@@ -14,11 +14,13 @@ import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import trio
 
+from daemon.errors import DaemonError
 from daemon.trajectory import ErrorInfo, Status, Trajectory
 from federation import Federation, ForwardedJobs, Member, MemberState, forward_headers
 
@@ -29,8 +31,16 @@ TIMEOUT = httpx.Timeout(connect=3.0, read=None, write=30.0, pool=10.0)
 POLL_INTERVAL_S = 1.0
 
 
-class PeerUnavailable(Exception):
+class PeerUnavailable(DaemonError):
     """A peer that holds a forwarded rollout could not be reached."""
+
+
+@dataclass(frozen=True)
+class PeerAnswer:
+    """A peer's answer to a forwarded request, relayed to the client as it is."""
+
+    status: int
+    body: Any
 
 
 class Forwarder:
@@ -59,8 +69,8 @@ class Forwarder:
         """The peer to forward a new rollout to, or None to run it here."""
         return self.federation.place()
 
-    async def submit(self, member: Member, body: dict[str, Any], *, wait: bool) -> tuple[int, Any]:
-        """Forward one POST /v1/rollouts; returns the peer's status and JSON body.
+    async def submit(self, member: Member, body: dict[str, Any], *, wait: bool) -> PeerAnswer:
+        """Forward one POST /v1/rollouts; returns the peer's answer.
 
         Raises PeerUnavailable when the request never reached the peer (the caller may then
         run the rollout locally without risking a second copy).
@@ -87,7 +97,7 @@ class Forwarder:
                 if resp.status_code == 202:
                     self.live.add(job_id, member.node_id)
             self.forwarded_total += len(ids)
-        return resp.status_code, data
+        return PeerAnswer(resp.status_code, data)
 
     # ---- lookups --------------------------------------------------------------------
 
@@ -107,15 +117,15 @@ class Forwarder:
             self.live.discard(job_id)
         return data
 
-    async def cancel(self, job_id: str) -> tuple[int, dict[str, Any]]:
+    async def cancel(self, job_id: str) -> PeerAnswer:
         if job_id in self._lost:
-            return 200, {"id": job_id, "status": self._lost[job_id].status.value}
+            return PeerAnswer(200, {"id": job_id, "status": self._lost[job_id].status.value})
         member = self._member_of(job_id)
         try:
             resp = await self._client().delete(f"{member.url}/v1/rollouts/{job_id}")
         except httpx.HTTPError as exc:
             raise PeerUnavailable(f"{member.node_id} holds {job_id} and did not answer: {exc}") from None
-        return resp.status_code, resp.json()
+        return PeerAnswer(resp.status_code, resp.json())
 
     async def relay(self, node_id: str, ids: Sequence[str], send: trio.MemorySendChannel[str]) -> None:
         """Push the trajectories of ``ids`` (all on one peer) into ``send`` as they finish."""

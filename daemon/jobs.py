@@ -13,7 +13,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from daemon.errors import DaemonError
 from daemon.trajectory import ErrorInfo, Stage, Status, Trajectory
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ class JobRequest:
     labels: list[str] = field(default_factory=list)
 
 
-class JobFinished(RuntimeError):
+class JobFinished(DaemonError, RuntimeError):
     """A finished job's request was read: it is released when the job finishes."""
 
 
@@ -98,7 +98,6 @@ class Job:
         self.stage_scope: trio.CancelScope | None = None
         self.done = trio.Event()
         self.submitted_at = trio.current_time()
-        self.wall_submitted = time.time()
         self.finished_at: float | None = None
         self._listeners: list[Callable[[Job], None]] = []
 
@@ -174,11 +173,11 @@ class Job:
         }
 
 
-class QueueFull(Exception):
+class QueueFull(DaemonError):
     """The intake queue has no room; the API answers 429."""
 
 
-class QueueClosed(Exception):
+class QueueClosed(DaemonError):
     """The intake queue no longer accepts jobs (the daemon is draining)."""
 
 

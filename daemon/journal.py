@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from daemon.errors import DaemonError
 from daemon.jobs import Job
 from daemon.trajectory import ErrorInfo, Status, Trajectory
 
@@ -59,7 +60,7 @@ CREATE TABLE IF NOT EXISTS batches (
 _Op = tuple[str, tuple[Any, ...]]
 
 
-class JournalError(Exception):
+class JournalError(DaemonError):
     """Records could not be written (the sqlite file is unwritable, the disk is full, ...)."""
 
 

@@ -1,4 +1,4 @@
-"""The root of a daemon: opens the nursery tree, wires the parts, and drains on SIGTERM.
+"""The root of a daemon: owns the parts' lifetimes, wires them, and drains on SIGTERM.
 
     Node.run
     └─ Journal             job records in sqlite; outlives every other part
@@ -6,9 +6,14 @@
        ├─ BackendPool         LLM backends: health checks, routing, pause/resume
        ├─ Pipeline            INIT / RUN / EVAL worker pools
        ├─ Sampler             dynamic-sampling batches
+       ├─ Front               relays of peers' trajectories into streams
        ├─ signal watcher      SIGTERM / SIGINT -> drain
-       ├─ HTTP server         hypercorn serving the quart-trio app
+       ├─ HTTP server         hypercorn serving ``daemon.api.create_app(node)``
        └─ Federation          gossip with peers and the forwarder (when seeds are configured)
+
+What requests reach lives beside the parts, not here: ``daemon.front.Front`` (rollouts,
+batches, forwarding, streams) and ``daemon.backends.Backends`` (the pool as the API manages
+it); the node hands them to the HTTP layer (``daemon.api.Parts``).
 
 Drain: readiness turns 503 and intake stops; queued jobs end ``cancelled``; in-flight jobs
 get ``drain_timeout_s`` to finish, then are cancelled; sandboxes are torn down; exit 0.
@@ -16,12 +21,10 @@ get ``drain_timeout_s`` to finish, then are cancelled; sandboxes are torn down; 
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -29,28 +32,22 @@ from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve
 
 from daemon._sdnotify import Notifier
+from daemon.api import create_app
+from daemon.backends import Backends
 from daemon.config import Settings
-from daemon.forward import Forwarder, PeerUnavailable
-from daemon.jobs import Job, new_id
-from daemon.journal import Journal, JournalError
+from daemon.forward import Forwarder
+from daemon.front import Front
+from daemon.jobs import new_id
+from daemon.journal import Journal
 from daemon.logs import redact
 from daemon.metrics import Metrics
 from daemon.pipeline import Pipeline, Services
-from daemon.sampling import Batch, BatchRequest, Sampler
-from daemon.service import (
-    InvalidBackend,
-    NotFound,
-    RolloutRequest,
-    RolloutService,
-    ServiceUnavailable,
-    Submitted,
-)
+from daemon.sampling import Sampler
+from daemon.service import RolloutRequest, RolloutService, Submitted
 from daemon.tasks.registry import TaskRegistry
-from daemon.trajectory import Trajectory
-from federation import Federation, Member, is_forwarded, slurm_seeds
+from federation import Federation, Member, slurm_seeds
 
 if TYPE_CHECKING:
-    from daemon.llm.chat import ChatRenderer
     from daemon.llm.pool import BackendPool
     from sandbox import SandboxSupervisor
 
@@ -93,16 +90,13 @@ class Node:
         self.journal = Journal(
             settings.state_dir / "journal.sqlite3", boot_id=self.boot_id, ttl_s=settings.result_ttl_s
         )
-        self.federation: Federation | None = None
-        self.forwarder: Forwarder | None = None
-        self._nursery: trio.Nursery | None = None
+        self.front = Front(self.service, self.sampler, self.journal, intake=self.submit)
+        self.backends = Backends(settings, lambda: self.services.pool)
         self.urls: list[str] = []
         self.ready = False
         self.draining = False
         self._stop = trio.Event()
         self._http_done = trio.Event()
-        self._renderer: ChatRenderer | None = None
-        self._renderer_lock = trio.Lock()
 
     # ---- parts ----------------------------------------------------------------------
 
@@ -114,9 +108,19 @@ class Node:
     def supervisor(self) -> SandboxSupervisor | None:
         return self.services.supervisor
 
-    # ---- operations the API calls ------------------------------------------------------
+    @property
+    def federation(self) -> Federation | None:
+        return self.front.federation
+
+    @property
+    def forwarder(self) -> Forwarder | None:
+        return self.front.forwarder
+
+    # ---- wiring -----------------------------------------------------------------------
 
     def submit(self, req: RolloutRequest) -> Submitted:
+        """Submit to the service with the journal and metrics following each new job (the
+        front's and the sampler's intake)."""
         sub = self.service.submit(req)
         if not sub.replayed:
             self.journal.record_submitted(sub.jobs)
@@ -125,159 +129,7 @@ class Node:
                 job.add_listener(self.journal.record_finished)
         return sub
 
-    async def accept(self, req: RolloutRequest) -> Submitted:
-        """Submit for a client: the jobs are in the journal before the client hears their ids,
-        so an accepted id is never forgotten (after a crash it answers ``lost``)."""
-        sub = self.submit(req)
-        try:
-            await self.journal.sync()
-        except JournalError as exc:
-            self.service.withdraw(sub, req.idempotency_key)
-            raise ServiceUnavailable(f"{exc}; the rollouts were not accepted", retry_after_s=5) from None
-        return sub
-
-    async def create_batch(self, req: BatchRequest) -> Batch:
-        """Create a batch for a client: like a rollout, it is in the journal before the client
-        hears its id (after a crash it answers with state ``lost``)."""
-        batch = self.sampler.create(req)
-        self.journal.record_batch(batch.status())
-        self.journal.follow_batch(batch)
-        try:
-            await self.journal.sync()
-        except JournalError as exc:
-            self.sampler.cancel(batch.id, reason=str(exc))
-            raise ServiceUnavailable(f"{exc}; the batch was not accepted", retry_after_s=5) from None
-        return batch
-
-    async def batch_status(self, batch_id: str) -> dict[str, Any]:
-        """GET /v1/batches/{id}: a batch this process runs (or ran), else its journal record."""
-        try:
-            return self.sampler.get(batch_id).status()
-        except NotFound:
-            status = await self.journal.lookup_batch(batch_id)
-            if status is None:
-                raise
-            return status
-
-    async def cancel_batch(self, batch_id: str) -> tuple[dict[str, Any], int]:
-        """DELETE /v1/batches/{id}: 202 while it stops, 200 when it had already ended."""
-        try:
-            batch = self.sampler.cancel(batch_id)
-        except NotFound:
-            return await self.batch_status(batch_id), 200
-        return batch.status(), 200 if batch.done.is_set() else 202
-
-    async def maybe_forward(
-        self, body: dict[str, Any], *, wait: bool, headers: Mapping[str, str]
-    ) -> tuple[int, Any] | None:
-        """Forward a submit to a peer when placement says so; None means run it here."""
-        if self.forwarder is None or self.draining or is_forwarded(headers):
-            return None
-        member = self.forwarder.place()
-        if member is None:
-            return None
-        try:
-            return await self.forwarder.submit(member, body, wait=wait)
-        except PeerUnavailable as exc:
-            log.warning("forwarding to %s failed (%s); running here", member.node_id, exc)
-            return None
-
-    def lookup(self, job_id: str) -> Job:
-        """A job this process holds (raises NotFound otherwise)."""
-        return self.service.get(job_id)
-
-    async def find(self, job_id: str) -> Job | Trajectory:
-        """A live or recent job, else its journal record (a finished or ``lost`` trajectory)."""
-        try:
-            return self.service.get(job_id)
-        except NotFound:
-            traj = await self.journal.lookup(job_id)
-            if traj is None:
-                raise
-            return traj
-
-    async def cancel(self, job_id: str) -> Job | Trajectory:
-        found = await self.find(job_id)
-        if isinstance(found, Job):
-            self.pipeline.cancel(found)
-        return found
-
-    async def rollout_json(self, job_id: str) -> dict[str, Any]:
-        """GET /v1/rollouts/{id}: here, in the journal, or on the peer it was forwarded to."""
-        if self.forwarder is not None and self.forwarder.knows(job_id):
-            return await self._from_peer(self.forwarder.get(job_id))
-        found = await self.find(job_id)
-        return found.trajectory.model_dump(mode="json") if isinstance(found, Job) else found.model_dump(mode="json")
-
-    async def cancel_json(self, job_id: str) -> tuple[dict[str, Any], int]:
-        """DELETE /v1/rollouts/{id}: 202 while it stops, 200 when it was already finished."""
-        if self.forwarder is not None and self.forwarder.knows(job_id):
-            status, body = await self._from_peer(self.forwarder.cancel(job_id))
-            return body, status
-        found = await self.cancel(job_id)
-        if isinstance(found, Trajectory):
-            return {"id": found.id, "status": found.status.value}, 200
-        return {"id": found.id, "status": found.status.value}, 200 if found.done.is_set() else 202
-
-    async def open_stream(self, ids: list[str]) -> trio.MemoryReceiveChannel[str]:
-        """A channel that receives each rollout's trajectory (a JSON line) once, as it finishes.
-
-        Exactly ``len(ids)`` items arrive. Unknown ids raise NotFound before anything starts.
-        Rollouts forwarded to peers are relayed by tasks in this node's nursery; they stop when
-        the receiver is closed.
-        """
-        local: list[Job] = []
-        old: list[str] = []
-        remote: dict[str, list[str]] = {}
-        for job_id in ids:
-            node_id = self.forwarder.node_of(job_id) if self.forwarder is not None else None
-            if node_id is not None:
-                remote.setdefault(node_id, []).append(job_id)
-            elif self.forwarder is not None and self.forwarder.knows(job_id):
-                old.append(json.dumps(await self.forwarder.get(job_id)))
-            else:
-                found = await self.find(job_id)
-                if isinstance(found, Job):
-                    local.append(found)
-                else:
-                    old.append(found.model_dump_json())
-        send, recv = trio.open_memory_channel[str](max(1, len(ids)))
-        for line in old:
-            send.send_nowait(line)
-
-        def deliver(job: Job) -> None:
-            try:
-                send.send_nowait(job.trajectory.model_dump_json())
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
-
-        for job in local:
-            job.add_listener(deliver)
-        if remote:
-            assert self.forwarder is not None and self._nursery is not None
-            for node_id, peer_ids in remote.items():
-                self._nursery.start_soon(self.forwarder.relay, node_id, peer_ids, send.clone())
-        return recv
-
-    async def _from_peer(self, call: Awaitable[Any]) -> Any:
-        try:
-            return await call
-        except PeerUnavailable as exc:
-            raise ServiceUnavailable(str(exc), retry_after_s=5) from None
-
-    async def add_backend(self, spec: dict[str, Any]) -> str:
-        """Register an LLM backend. Building one may load a tokenizer, so it runs in a thread."""
-        from daemon.llm.pool import make_backend
-
-        if self.pool is None:
-            raise ServiceUnavailable("this daemon has no LLM backend pool")
-        backend_id = spec.pop("id", None)
-        renderer = await self.renderer()
-        try:
-            backend = make_backend(spec, renderer=renderer)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise InvalidBackend(f"bad backend spec: {exc}") from None
-        return self.pool.add(backend, backend_id=backend_id)
+    # ---- what operators read ------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
         return {
@@ -320,28 +172,6 @@ class Node:
         """Begin the drain (what SIGTERM does)."""
         self._stop.set()
 
-    async def renderer(self) -> ChatRenderer:
-        """The chat renderer for the served model, loaded once (off the event loop): the
-        ``tokenizer`` setting's directory, or the embedded SmolLM2 tokenizer."""
-        async with self._renderer_lock:
-            if self._renderer is None:
-                self._renderer = await trio.to_thread.run_sync(self._load_renderer)
-            return self._renderer
-
-    def _load_renderer(self) -> ChatRenderer:
-        from daemon.llm.chat import ChatRenderer, load_embedded_tokenizer
-
-        s = self.settings
-        if s.tokenizer:
-            from transformers import AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(s.tokenizer, local_files_only=True)
-        else:
-            tok = load_embedded_tokenizer()
-        return ChatRenderer.for_tokenizer(
-            tok, s.chat_family, reasoning=s.reasoning, context_length=s.context_length
-        )
-
     # ---- lifetime --------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
@@ -357,11 +187,11 @@ class Node:
     async def _run_parts(self, task_status: trio.TaskStatus[Node]) -> None:
         settings = self.settings
         async with trio.open_nursery() as nursery:
-            self._nursery = nursery
             if self._build_services:
                 await self._start_services(nursery)
             if self.services.renderer is None:
-                self.services.renderer = self.renderer
+                self.services.renderer = self.backends.renderer
+            await nursery.start(self.front.run)
             await nursery.start(self.pipeline.run)
             await nursery.start(self.sampler.run)
             nursery.start_soon(self._watch_signals, name="signals")
@@ -408,8 +238,6 @@ class Node:
     async def _serve_http(
         self, shutdown: Any, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        from daemon.api import create_app
-
         config = HyperConfig()
         host = self.settings.host
         config.bind = [f"[{host}]:{self.settings.port}" if ":" in host else f"{host}:{self.settings.port}"]
@@ -442,7 +270,7 @@ class Node:
         await nursery.start(pool.run)
         self.services.pool = pool
         if s.embedded_model or s.backends:
-            renderer = await self.renderer()
+            renderer = await self.backends.renderer()
             if s.embedded_model:
                 pool.add(make_backend({"kind": "transformers"}, renderer=renderer), backend_id="embedded")
             for spec in s.backends:
@@ -491,7 +319,7 @@ class Node:
             await self.forwarder.on_rejoin(member)
 
         gossip = self.settings.gossip
-        self.federation = Federation(
+        federation = Federation(
             self.node_id,
             url,
             seeds=[s for s in seeds if s.rstrip("/") != url.rstrip("/")],
@@ -505,9 +333,10 @@ class Node:
             on_dead=on_dead,
             on_rejoin=on_rejoin,
         )
-        self.forwarder = Forwarder(self.federation, self.token)
-        await nursery.start(self.forwarder.run)
-        await nursery.start(self.federation.run)
+        forwarder = Forwarder(federation, self.token)
+        self.front.federation, self.front.forwarder = federation, forwarder
+        await nursery.start(forwarder.run)
+        await nursery.start(federation.run)
 
 
 async def run(settings: Settings) -> None:

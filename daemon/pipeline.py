@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from daemon.errors import DaemonError
 from daemon.jobs import Job, JobQueue, StageStats
 from daemon.tasks.base import EvalContext
 from daemon.trajectory import ErrorInfo, Stage, Status
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 RELEASE_TIMEOUT_S = 15.0
 
 
-class PipelineError(Exception):
+class PipelineError(DaemonError):
     """A job cannot run because a part the daemon needs for it is missing."""
 
 

@@ -41,18 +41,17 @@ import trio
 from pydantic import BaseModel, ConfigDict, Field
 
 from daemon.agent import AgentLimits
-from daemon.jobs import Job, new_id
-from daemon.llm.base import SamplingParams
-from daemon.service import (
+from daemon.errors import (
+    DaemonError,
     Draining,
     InvalidTask,
     NotFound,
     QueueFullError,
-    RolloutRequest,
-    RolloutService,
-    ServiceError,
-    Submitted,
+    TooManyBatches,
 )
+from daemon.jobs import Job, new_id
+from daemon.llm.base import SamplingParams
+from daemon.service import RolloutRequest, RolloutService, Submitted
 from daemon.tasks.base import TaskError
 
 log = logging.getLogger(__name__)
@@ -63,11 +62,7 @@ QUEUE_FULL_RETRY_S = 0.2
 LEFTOVER_WAIT_S = 30.0
 
 
-class TooManyBatches(ServiceError):
-    status, type = 429, "too_many_batches"
-
-
-class BatchEnded(RuntimeError):
+class BatchEnded(DaemonError, RuntimeError):
     """An ended batch's request was read: it is released when the batch ends."""
 
 

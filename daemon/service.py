@@ -6,60 +6,20 @@ import hashlib
 import json
 import math
 from collections import OrderedDict
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import trio
 from pydantic import BaseModel, ConfigDict, Field
 
 from daemon.agent import AgentLimits
 from daemon.config import Settings
+from daemon.errors import Draining, IdempotencyConflict, InvalidTask, NotFound, QueueFullError
 from daemon.jobs import Job, JobRequest, QueueClosed, QueueFull, ResultStore, new_id
 from daemon.llm.base import SamplingParams
 from daemon.pipeline import Pipeline
 from daemon.tasks.base import TaskError
 from daemon.tasks.registry import TaskRegistry
 from daemon.trajectory import Stage
-
-
-class ServiceError(Exception):
-    """Base of errors the API turns into 4xx answers."""
-
-    status = 400
-    type = "bad_request"
-
-    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class InvalidTask(ServiceError):
-    status, type = 422, "invalid_task"
-
-
-class IdempotencyConflict(ServiceError):
-    status, type = 409, "idempotency_conflict"
-
-
-class NotFound(ServiceError):
-    status, type = 404, "not_found"
-
-
-class QueueFullError(ServiceError):
-    status, type = 429, "queue_full"
-
-
-class Draining(ServiceError):
-    status, type = 503, "draining"
-
-
-class InvalidBackend(ServiceError):
-    status, type = 422, "invalid_backend"
-
-
-class ServiceUnavailable(ServiceError):
-    status, type = 503, "unavailable"
 
 
 class RolloutRequest(BaseModel):
@@ -210,15 +170,6 @@ class RolloutService:
     async def wait(self, jobs: list[Job]) -> None:
         for job in jobs:
             await job.done.wait()
-
-    async def stream(self, jobs: list[Job]) -> AsyncIterator[Job]:
-        """Yield jobs as they finish (any order)."""
-        send, recv = trio.open_memory_channel[Job](len(jobs) or 1)
-        for job in jobs:
-            job.add_listener(send.send_nowait)
-        async with recv:
-            for _ in range(len(jobs)):
-                yield await recv.receive()
 
 
 def _digest(req: RolloutRequest) -> str:

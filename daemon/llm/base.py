@@ -20,6 +20,8 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from daemon.errors import DaemonError
+
 
 class SamplingParams(BaseModel):
     """Sampling fields sent explicitly with every request (never left to server defaults)."""
@@ -47,7 +49,7 @@ class Completion:
     extra: dict[str, object] = field(default_factory=dict)
 
 
-class LLMError(Exception):
+class LLMError(DaemonError):
     """Base of every error raised by daemon.llm."""
 
 

@@ -68,7 +68,7 @@ _ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAll
                 413: "BadRequestError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
 
 
-class RequestError(Exception):
+class RequestError(LLMError):
     """A request this server answers with ``status`` and vLLM's error body."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None) -> None:

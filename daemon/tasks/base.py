@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, get_args
 
 from pydantic import BaseModel, ValidationError
 
+from daemon.errors import DaemonError
+
 if TYPE_CHECKING:
     from daemon.trajectory import Trajectory
     from sandbox import Sandbox, SandboxSpec
 
 
-class TaskError(Exception):
+class TaskError(DaemonError):
     """A task is malformed; the message names the field. The API answers 422."""
 
 

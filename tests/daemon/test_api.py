@@ -17,7 +17,7 @@ async def test_submit_get_and_wait(asgi):
         assert r.status_code == 202
         body = r.json()
         assert len(body["ids"]) == 3 and body["group_id"]
-        await node.service.wait([node.lookup(i) for i in body["ids"]])
+        await node.service.wait([node.service.get(i) for i in body["ids"]])
         r = await client.get(f"/v1/rollouts/{body['ids'][0]}")
         traj = r.json()
         assert traj["status"] == "completed" and traj["reward"] == 1.0 and traj["usable"] is True
@@ -50,7 +50,7 @@ async def test_cancel_route(asgi):
         rid = (await client.post("/v1/rollouts", json={"task": sleep_task(run_s=60)})).json()["ids"][0]
         r = await client.delete(f"/v1/rollouts/{rid}")
         assert r.status_code in (200, 202)
-        await node.lookup(rid).done.wait()
+        await node.service.get(rid).done.wait()
         assert (await client.get(f"/v1/rollouts/{rid}")).json()["status"] == "cancelled"
         assert (await client.delete("/v1/rollouts/missing")).status_code == 404
 

@@ -12,8 +12,7 @@ import pytest
 import trio
 
 from daemon import cli
-from daemon.api import create_app
-from daemon.batch_api import BatchStatus, KeptGroup
+from daemon.api import BatchStatus, KeptGroup, create_app
 from daemon.client import AsyncClient, Client, RolloutdError
 from daemon.node import Node
 from daemon.pipeline import Services

@@ -8,7 +8,8 @@ import weakref
 import pytest
 import trio
 
-from daemon.service import QueueFullError, RolloutRequest
+from daemon.errors import QueueFullError
+from daemon.service import RolloutRequest
 from daemon.trajectory import Stage, Status
 
 from .conftest import sleep_task

@@ -116,16 +116,18 @@ def test_runner_reports_each_test(tmp_path: Path, runner: str):
 
 
 def test_unknown_kind_is_a_422_naming_the_known_kinds(tmp_path: Path):
+    from daemon.api import ANSWERS
     from daemon.config import Settings
+    from daemon.errors import InvalidTask
     from daemon.node import Node
     from daemon.pipeline import Services
-    from daemon.service import InvalidTask, RolloutRequest
+    from daemon.service import RolloutRequest
 
     node = Node(Settings(state_dir=tmp_path / "s", cache_dir=tmp_path / "c", port=0),
                 services=Services())
     with pytest.raises(InvalidTask) as err:
         node.submit(RolloutRequest(task={"kind": "chess"}))
-    assert err.value.status == 422
+    assert ANSWERS[InvalidTask] == (422, "invalid_task")
     assert "unknown task kind 'chess'" in str(err.value)
     for kind in ("code", "math", "swe"):
         assert kind in str(err.value)

@@ -30,8 +30,8 @@ async def node(nursery, tmp_path):
     renderer = await trio.to_thread.run_sync(embedded_renderer)
     pool.add(ScriptedBackend(renderer, [CALL, "The answer is 1,889,832."], latency_s=1.0), backend_id="s")
     node = Node(make_settings(tmp_path, n_init=8, n_run=8, n_eval=8), services=Services(pool=pool))
-    node.services.renderer = node.renderer
-    await node.renderer()  # loaded in a thread: before any job's clock runs (autojump)
+    node.services.renderer = node.backends.renderer
+    await node.backends.renderer()  # loaded in a thread: before any job's clock runs (autojump)
     await nursery.start(node.pipeline.run)
     await nursery.start(node.sampler.run)
     return node

@@ -1,4 +1,4 @@
-"""HTTP routes for dynamic-sampling batches (``/v1/batches``). No business logic.
+"""Routes for dynamic-sampling batches (``/v1/batches``).
 
     POST   /v1/batches                 create a batch; 202 with its progress
     GET    /v1/batches/{id}            progress: tried, kept, filtered (and why), in flight, cancelled
@@ -12,22 +12,38 @@ client streaming its groups goes away before the batch ends (``Sampler.groups``)
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, Field
-from quart import Response
 from quart_schema import document_querystring, document_request, document_response
+from quart_trio import QuartTrio
 
-from daemon.api import BODY_ERRORS, NDJSON, documented, errors, json_body, parse, query
-from daemon.sampling import BatchRequest
+from daemon.api._http import (
+    BODY_ERRORS,
+    NDJSON,
+    documented,
+    errors,
+    json_body,
+    ndjson,
+    parse,
+    query,
+)
+from daemon.front import Cancelled
+from daemon.sampling import Batch, BatchRequest
 from daemon.trajectory import Trajectory
 
-if TYPE_CHECKING:
-    from quart_trio import QuartTrio
 
-    from daemon.node import Node
+class Batches(Protocol):
+    """What these routes call (``daemon.front.Front``)."""
+
+    @property
+    def max_group_size(self) -> int: ...
+    async def create_batch(self, req: BatchRequest) -> Batch: ...
+    async def batch(self, batch_id: str) -> dict[str, Any]: ...
+    async def cancel_batch(self, batch_id: str) -> Cancelled: ...
+    def batch_groups(self, batch_id: str, *, start: int = 0) -> AsyncGenerator[dict[str, Any]]: ...
 
 
 class GroupSummary(BaseModel):
@@ -89,13 +105,10 @@ class GroupsQuery(BaseModel):
     start: int = Field(0, ge=0, description="Index of the first kept group to send (to reconnect).")
 
 
-def register_batch_routes(app: QuartTrio, node: Node) -> None:
-    sampler = node.sampler
-    settings = node.settings
+def register(app: QuartTrio, batches: Batches, *, max_timeout_s: float) -> None:
     batch_request = documented(
         BatchRequest,
-        maxima={"group_size": node.service.max_group_size,
-                "timeout_s": settings.max_timeout_s},
+        maxima={"group_size": batches.max_group_size, "timeout_s": max_timeout_s},
         task="prompts",
     )
 
@@ -106,7 +119,7 @@ def register_batch_routes(app: QuartTrio, node: Node) -> None:
     async def create_batch() -> Any:
         """Dynamic sampling: run groups until `keep` pass the filter; 202 with the progress."""
         req = parse(BatchRequest, await json_body())
-        batch = await node.create_batch(req)
+        batch = await batches.create_batch(req)
         return batch.status(), 202, {"Location": f"/v1/batches/{batch.id}"}
 
     @app.get("/v1/batches/<batch_id>")
@@ -114,7 +127,7 @@ def register_batch_routes(app: QuartTrio, node: Node) -> None:
     @errors(404)
     async def get_batch(batch_id: str) -> Any:
         """Progress: groups tried, kept, filtered (with reasons), in flight, cancelled."""
-        return await node.batch_status(batch_id)
+        return await batches.batch(batch_id)
 
     @app.get("/v1/batches/<batch_id>/groups")
     @document_querystring(GroupsQuery)
@@ -122,15 +135,14 @@ def register_batch_routes(app: QuartTrio, node: Node) -> None:
     @errors(400, 404)
     async def batch_groups(batch_id: str) -> Any:
         """NDJSON: one kept group per line (see KeptGroup), from index `start`; ends with the batch."""
-        batch = sampler.get(batch_id)
-        start = query(GroupsQuery).start
+        groups = batches.batch_groups(batch_id, start=query(GroupsQuery).start)
 
-        async def lines() -> AsyncIterator[bytes]:
-            async with aclosing(sampler.groups(batch, start=start)) as groups:
-                async for group in groups:
-                    yield (json.dumps(group.line()) + "\n").encode()
+        async def lines() -> AsyncGenerator[str]:
+            async with aclosing(groups):
+                async for line in groups:
+                    yield json.dumps(line)
 
-        return Response(lines(), mimetype=NDJSON)
+        return ndjson(lines())
 
     @app.delete("/v1/batches/<batch_id>")
     @document_response(BatchStatus, 200)
@@ -138,4 +150,5 @@ def register_batch_routes(app: QuartTrio, node: Node) -> None:
     @errors(404)
     async def cancel_batch(batch_id: str) -> Any:
         """Cancel: running groups are cancelled (sandboxes released, LLM requests aborted)."""
-        return await node.cancel_batch(batch_id)
+        result = await batches.cancel_batch(batch_id)
+        return result.body, 200 if result.ended else 202

@@ -1,0 +1,41 @@
+"""Routes between federated daemons (``/v1/federation``).
+
+    POST /v1/federation/gossip     a peer's view of the members, answered with ours (hidden)
+    GET  /v1/federation/members    the member table (empty without federation)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+from quart_schema import document_response, hide
+from quart_trio import QuartTrio
+
+from daemon.api._http import errors, json_body
+
+
+class Peers(Protocol):
+    """What these routes call (``daemon.front.Front``)."""
+
+    def members(self) -> list[dict[str, Any]]: ...
+    async def gossip(self, read_payload: Callable[[], Awaitable[Any]]) -> dict[str, Any]: ...
+
+
+class MembersResponse(BaseModel):
+    members: list[dict[str, Any]]
+
+
+def register(app: QuartTrio, peers: Peers) -> None:
+    @app.post("/v1/federation/gossip")
+    @hide
+    async def gossip() -> Any:
+        return await peers.gossip(json_body)
+
+    @app.get("/v1/federation/members")
+    @document_response(MembersResponse, 200)
+    @errors()
+    async def members() -> Any:
+        """The federation's member table."""
+        return {"members": peers.members()}

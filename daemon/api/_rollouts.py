@@ -1,0 +1,147 @@
+"""Routes for rollouts (``/v1/rollouts``): submit, wait, stream, look up, cancel.
+
+    POST   /v1/rollouts                 submit one task x n samples; 202 with ids (200 if wait)
+    GET    /v1/rollouts/stream?ids=...  NDJSON, one trajectory per line as each finishes
+    GET    /v1/rollouts/{id}            the trajectory so far
+    DELETE /v1/rollouts/{id}            cancel; 202 while it stops, 200 if it had ended
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any, ClassVar, Protocol
+
+import trio
+from pydantic import BaseModel, Field
+from quart import request
+from quart_schema import document_querystring, document_request, document_response
+from quart_trio import QuartTrio
+
+from daemon.api._http import (
+    BODY_ERRORS,
+    NDJSON,
+    IdConverter,
+    documented,
+    errors,
+    json_body,
+    ndjson,
+    parse,
+    query,
+)
+from daemon.errors import BadRequest
+from daemon.forward import PeerAnswer
+from daemon.front import Cancelled
+from daemon.service import RolloutRequest, Submitted
+from daemon.trajectory import Trajectory
+
+MAX_STREAM_IDS = 10_000
+
+
+class Rollouts(Protocol):
+    """What these routes call (``daemon.front.Front``)."""
+
+    @property
+    def max_group_size(self) -> int: ...
+    async def submit(self, body: dict[str, Any], req: RolloutRequest, *, wait: bool,
+                     headers: Mapping[str, str]) -> Submitted | PeerAnswer: ...
+    async def rollout(self, job_id: str) -> dict[str, Any]: ...
+    async def cancel(self, job_id: str) -> Cancelled | PeerAnswer: ...
+    async def open_stream(self, ids: list[str]) -> trio.MemoryReceiveChannel[str]: ...
+
+
+class SubmitResponse(BaseModel):
+    group_id: str
+    ids: list[str]
+    replayed: bool = False
+
+
+class WaitResponse(BaseModel):
+    group_id: str
+    rollouts: list[Trajectory]
+
+
+class CancelResponse(BaseModel):
+    id: str
+    status: str
+
+
+class TrajectoryLines(Trajectory):
+    """NDJSON: one Trajectory per line."""
+
+    media_type: ClassVar[str] = NDJSON
+
+
+class SubmitQuery(BaseModel):
+    wait: bool = Field(False, description="Answer with the finished trajectories (as the body's `wait`).")
+
+
+class StreamQuery(BaseModel):
+    ids: str = Field(pattern=r"[^,]", description="Rollout ids, comma-separated.")
+
+
+class RolloutId(IdConverter):
+    reserved = ("stream",)
+
+
+def register(app: QuartTrio, rollouts: Rollouts, *, max_timeout_s: float) -> None:
+    app.url_map.converters["rollout_id"] = RolloutId
+    submit_request = documented(
+        RolloutRequest, maxima={"n": rollouts.max_group_size, "timeout_s": max_timeout_s}, task="task"
+    )
+
+    @app.post("/v1/rollouts")
+    @document_request(submit_request)
+    @document_querystring(SubmitQuery)
+    @document_response(SubmitResponse, 202)
+    @document_response(WaitResponse, 200)
+    @errors(*BODY_ERRORS, 409, 429, 503)
+    async def submit() -> Any:
+        """Submit one task x n samples; 202 with ids, or 200 with the trajectories if `wait`."""
+        data = await json_body()
+        req = parse(RolloutRequest, data)
+        wait = query(SubmitQuery).wait or req.wait  # the query is checked either way
+        result = await rollouts.submit(data, req, wait=wait, headers=dict(request.headers))
+        if isinstance(result, PeerAnswer):
+            return result.body, result.status
+        if not wait:
+            body = SubmitResponse(group_id=result.group_id, ids=[j.id for j in result.jobs],
+                                  replayed=result.replayed)
+            return body.model_dump(), 202
+        trajectories = [j.trajectory.model_dump(mode="json") for j in result.jobs]
+        return {"group_id": result.group_id, "rollouts": trajectories}, 200
+
+    @app.get("/v1/rollouts/stream")
+    @document_querystring(StreamQuery)
+    @document_response(TrajectoryLines, 200)
+    @errors(400, 404, 503)
+    async def stream() -> Any:
+        """NDJSON: one trajectory per line, in the order they finish. `ids` is comma-separated."""
+        ids = list(dict.fromkeys(i for i in query(StreamQuery).ids.split(",") if i))
+        if len(ids) > MAX_STREAM_IDS:
+            raise BadRequest(f"at most {MAX_STREAM_IDS} ids per stream")
+        recv = await rollouts.open_stream(ids)
+
+        async def lines() -> AsyncGenerator[str]:
+            with recv:
+                for _ in ids:
+                    yield await recv.receive()
+
+        return ndjson(lines())
+
+    @app.get("/v1/rollouts/<rollout_id:job_id>")
+    @document_response(Trajectory, 200)
+    @errors(400, 404, 503)  # 400: `stream` is no rollout id (GET /v1/rollouts/stream wants ?ids)
+    async def get_rollout(job_id: str) -> Any:
+        """The trajectory so far (``status`` says whether it is finished)."""
+        return await rollouts.rollout(job_id)
+
+    @app.delete("/v1/rollouts/<rollout_id:job_id>")
+    @document_response(CancelResponse, 200)
+    @document_response(CancelResponse, 202)
+    @errors(404, 405, 503)  # 405: `stream` is no rollout id
+    async def cancel_rollout(job_id: str) -> Any:
+        """Cancel: the sandbox is torn down and the LLM request aborted."""
+        result = await rollouts.cancel(job_id)
+        if isinstance(result, PeerAnswer):
+            return result.body, result.status
+        return result.body, 200 if result.ended else 202

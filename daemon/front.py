@@ -1,0 +1,260 @@
+"""What a client's requests reach behind the HTTP layer: rollouts and batches, here or on a peer.
+
+The front accepts work (journaled before the client hears of it), forwards a submit to a peer
+when placement says so, answers for a rollout wherever it is (this process, the journal, the
+peer it was forwarded to), streams trajectories as they finish (relaying a peer's), and
+answers for batches (the sampler's, else the journal's record). It returns data, never HTTP:
+the API layer shapes the answers and maps errors (``daemon.errors``) to status codes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from daemon.errors import BadRequest, NotFound, ServiceUnavailable
+from daemon.forward import Forwarder, PeerAnswer, PeerUnavailable
+from daemon.jobs import Job
+from daemon.journal import Journal, JournalError
+from daemon.sampling import Batch, BatchRequest, Sampler
+from daemon.service import RolloutRequest, RolloutService, Submitted
+from daemon.trajectory import Trajectory
+from federation import is_forwarded
+
+if TYPE_CHECKING:
+    from federation import Federation
+
+log = logging.getLogger(__name__)
+
+#: How long a client should wait before retrying when the journal or a peer failed.
+RETRY_AFTER_S = 5
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """A cancel's outcome: the resource as it stands, and whether it had already ended."""
+
+    body: dict[str, Any]
+    ended: bool
+
+
+class Front:
+    """Rollouts and batches as clients see them. ``intake`` submits a request to the service
+    with the journal and metrics attached (the node wires it); ``forwarder`` and
+    ``federation`` are set when federation starts."""
+
+    def __init__(
+        self,
+        service: RolloutService,
+        sampler: Sampler,
+        journal: Journal,
+        *,
+        intake: Callable[[RolloutRequest], Submitted],
+    ) -> None:
+        self.service = service
+        self.sampler = sampler
+        self.journal = journal
+        self._intake = intake
+        self.federation: Federation | None = None
+        self.forwarder: Forwarder | None = None
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Hold the nursery that relays peers' trajectories into streams."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    @property
+    def max_group_size(self) -> int:
+        return self.service.max_group_size
+
+    # ---- rollouts ---------------------------------------------------------------------
+
+    async def accept(self, req: RolloutRequest) -> Submitted:
+        """Submit for a client: the jobs are in the journal before the client hears their ids,
+        so an accepted id is never forgotten (after a crash it answers ``lost``)."""
+        sub = self._intake(req)
+        try:
+            await self.journal.sync()
+        except JournalError as exc:
+            self.service.withdraw(sub, req.idempotency_key)
+            raise ServiceUnavailable(
+                f"{exc}; the rollouts were not accepted", retry_after_s=RETRY_AFTER_S
+            ) from None
+        return sub
+
+    async def submit(
+        self, body: dict[str, Any], req: RolloutRequest, *, wait: bool, headers: Mapping[str, str]
+    ) -> Submitted | PeerAnswer:
+        """A client's submit (``req`` is ``body`` parsed): forwarded to a peer when placement
+        says so (the peer's answer), else accepted here; with ``wait``, once every sample ended."""
+        forwarded = await self._maybe_forward(body, wait=wait, headers=headers)
+        if forwarded is not None:
+            return forwarded
+        sub = await self.accept(req)
+        if wait:
+            await self.service.wait(sub.jobs)
+        return sub
+
+    async def _maybe_forward(
+        self, body: dict[str, Any], *, wait: bool, headers: Mapping[str, str]
+    ) -> PeerAnswer | None:
+        if self.forwarder is None or self.service.draining or is_forwarded(headers):
+            return None
+        member = self.forwarder.place()
+        if member is None:
+            return None
+        try:
+            return await self.forwarder.submit(member, body, wait=wait)
+        except PeerUnavailable as exc:
+            log.warning("forwarding to %s failed (%s); running here", member.node_id, exc)
+            return None
+
+    async def find(self, job_id: str) -> Job | Trajectory:
+        """A live or recent job, else its journal record (a finished or ``lost`` trajectory)."""
+        try:
+            return self.service.get(job_id)
+        except NotFound:
+            traj = await self.journal.lookup(job_id)
+            if traj is None:
+                raise
+            return traj
+
+    async def rollout(self, job_id: str) -> dict[str, Any]:
+        """A rollout's trajectory so far: here, in the journal, or on the peer it went to."""
+        if self.forwarder is not None and self.forwarder.knows(job_id):
+            data: dict[str, Any] = await self._from_peer(self.forwarder.get(job_id))
+            return data
+        found = await self.find(job_id)
+        traj = found.trajectory if isinstance(found, Job) else found
+        return traj.model_dump(mode="json")
+
+    async def cancel(self, job_id: str) -> Cancelled | PeerAnswer:
+        """Cancel a rollout (its sandbox is torn down, its LLM request aborted)."""
+        if self.forwarder is not None and self.forwarder.knows(job_id):
+            answer: PeerAnswer = await self._from_peer(self.forwarder.cancel(job_id))
+            return answer
+        found = await self.find(job_id)
+        if isinstance(found, Job):
+            self.service.pipeline.cancel(found)
+            ended = found.done.is_set()
+        else:
+            ended = True
+        return Cancelled({"id": found.id, "status": found.status.value}, ended=ended)
+
+    async def open_stream(self, ids: list[str]) -> trio.MemoryReceiveChannel[str]:
+        """A channel that receives each rollout's trajectory (a JSON line) once, as it finishes.
+
+        Exactly ``len(ids)`` items arrive. Unknown ids raise NotFound before anything starts.
+        Rollouts forwarded to peers are relayed by tasks in the front's nursery; they stop when
+        the receiver is closed.
+        """
+        local: list[Job] = []
+        old: list[str] = []
+        remote: dict[str, list[str]] = {}
+        for job_id in ids:
+            node_id = self.forwarder.node_of(job_id) if self.forwarder is not None else None
+            if node_id is not None:
+                remote.setdefault(node_id, []).append(job_id)
+            elif self.forwarder is not None and self.forwarder.knows(job_id):
+                old.append(json.dumps(await self.forwarder.get(job_id)))
+            else:
+                found = await self.find(job_id)
+                if isinstance(found, Job):
+                    local.append(found)
+                else:
+                    old.append(found.model_dump_json())
+        send, recv = trio.open_memory_channel[str](max(1, len(ids)))
+        for line in old:
+            send.send_nowait(line)
+
+        def deliver(job: Job) -> None:
+            try:
+                send.send_nowait(job.trajectory.model_dump_json())
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+        for job in local:
+            job.add_listener(deliver)
+        if remote:
+            assert self.forwarder is not None and self._nursery is not None
+            for node_id, peer_ids in remote.items():
+                self._nursery.start_soon(self.forwarder.relay, node_id, peer_ids, send.clone())
+        return recv
+
+    async def _from_peer(self, call: Any) -> Any:
+        try:
+            return await call
+        except PeerUnavailable as exc:
+            raise ServiceUnavailable(str(exc), retry_after_s=RETRY_AFTER_S) from None
+
+    # ---- batches ----------------------------------------------------------------------
+
+    async def create_batch(self, req: BatchRequest) -> Batch:
+        """Create a batch for a client: like a rollout, it is in the journal before the client
+        hears its id (after a crash it answers with state ``lost``)."""
+        batch = self.sampler.create(req)
+        self.journal.record_batch(batch.status())
+        self.journal.follow_batch(batch)
+        try:
+            await self.journal.sync()
+        except JournalError as exc:
+            self.sampler.cancel(batch.id, reason=str(exc))
+            raise ServiceUnavailable(
+                f"{exc}; the batch was not accepted", retry_after_s=RETRY_AFTER_S
+            ) from None
+        return batch
+
+    async def batch(self, batch_id: str) -> dict[str, Any]:
+        """A batch's progress: one this process runs (or ran), else its journal record."""
+        try:
+            return self.sampler.get(batch_id).status()
+        except NotFound:
+            status = await self.journal.lookup_batch(batch_id)
+            if status is None:
+                raise
+            return status
+
+    async def cancel_batch(self, batch_id: str) -> Cancelled:
+        """Stop a batch (its running groups are cancelled)."""
+        try:
+            batch = self.sampler.cancel(batch_id)
+        except NotFound:
+            return Cancelled(await self.batch(batch_id), ended=True)
+        return Cancelled(batch.status(), ended=batch.done.is_set())
+
+    def batch_groups(self, batch_id: str, *, start: int = 0) -> AsyncGenerator[dict[str, Any]]:
+        """A batch's kept groups as lines (dicts), from index ``start``, as they are kept.
+        Raises NotFound now, not when iterated; close the generator (aclosing)."""
+        batch = self.sampler.get(batch_id)
+        return self._group_lines(batch, start)
+
+    async def _group_lines(self, batch: Batch, start: int) -> AsyncGenerator[dict[str, Any]]:
+        async with aclosing(self.sampler.groups(batch, start=start)) as groups:
+            async for group in groups:
+                yield group.line()
+
+    # ---- federation -------------------------------------------------------------------
+
+    def members(self) -> list[dict[str, Any]]:
+        """The federation's member table (empty without federation)."""
+        return self.federation.members() if self.federation is not None else []
+
+    async def gossip(self, read_payload: Callable[[], Awaitable[Any]]) -> dict[str, Any]:
+        """Answer a peer's gossip, read by ``read_payload`` once federation is known to be on
+        here (NotFound otherwise)."""
+        if self.federation is None:
+            raise NotFound("federation is not enabled on this daemon")
+        payload = await read_payload()
+        try:
+            return self.federation.handle_gossip(payload)
+        except ValueError as exc:
+            raise BadRequest(f"bad gossip payload: {exc}") from None
