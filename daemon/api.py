@@ -41,7 +41,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.routing import BaseConverter
 
 from daemon.jobs import Job
-from daemon.llm import BackendSpec
+from daemon.llm import BackendSpec, ReloadRequest
 from daemon.service import NotFound, RolloutRequest, ServiceError, ServiceUnavailable
 from daemon.trajectory import Trajectory
 
@@ -186,16 +186,6 @@ class PolicyVersion(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     version: int = Field(ge=0)
-
-
-class ReloadRequest(BaseModel):
-    """Weight sync from a directory of safetensors (see docs/training.md)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    path: str = Field(min_length=1, description="A directory of *.safetensors (or one file), readable by the backend.")
-    version: int | None = Field(None, ge=0, description="The new policy version (default: current + 1).")
-    partial: bool = Field(False, description="The files hold only some parameters; the others are kept.")
 
 
 class _ReloadFailed(ServiceError):
@@ -579,14 +569,13 @@ def create_app(node: Node) -> QuartTrio:
         """Weight sync: pause, load the weights into this backend, drop its cache, set the
         policy version, resume."""
         from daemon.llm.base import BackendUnavailable, LLMError
-        from daemon.llm.reload import reload_in_pool
 
         body = parse(ReloadRequest, await json_body())
         pool = _pool()
         if not any(b["id"] == backend_id for b in pool.describe()):
             raise NotFound(f"no backend with id {backend_id!r}")
         try:
-            return await reload_in_pool(pool, backend_id, body.path, version=body.version, partial=body.partial)
+            return await pool.reload(backend_id, body)
         except BackendUnavailable as exc:
             raise ServiceUnavailable(f"reload failed: {exc}") from None
         except LLMError as exc:

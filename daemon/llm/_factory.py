@@ -70,9 +70,9 @@ def make_backend(spec: dict[str, Any], *, renderer: ChatRenderer | None = None) 
     """
     s = parse_spec(spec)
     if isinstance(s, VLLMSpec | ModelServerSpec):
-        from daemon.llm.vllm import VLLMBackend
+        from daemon.llm.vllm import http_backend
 
-        return VLLMBackend(s.url, s.model, kind=s.kind, name=s.name)
+        return http_backend(s.url, s.model, kind=s.kind, name=s.name)
     if isinstance(s, TransformersSpec):
         from daemon.llm.transformers import TransformersBackend
 

@@ -12,9 +12,11 @@ Routes (the subset of vLLM's OpenAI server that rolloutd's vllm client uses):
   token id outside the vocabulary answers 400 and a ``model`` other than the served one 404,
   as vLLM does.
 - ``GET /v1/models``, ``GET /health`` (200, empty), ``GET /metrics`` (Prometheus text).
-- ``POST /v1/reload`` ``{"path": dir, "partial": false, "version": N}``: weight sync; loads
-  the ``*.safetensors`` under ``dir`` into the model after the generation in progress and
-  drops the KV cache (``daemon.llm.reload``). 400 when the weights do not fit the model.
+- ``POST /v1/reload`` ``{"path": dir, "partial": false, "version": N}``
+  (:class:`daemon.llm.weights.ReloadRequest`): weight sync; loads the ``*.safetensors`` under
+  ``dir`` into the model after the generation in progress and drops the KV cache (the backend's
+  :class:`~daemon.llm.weights.Reloadable` ``reload_weights``). 400 when the weights do not fit
+  the model.
 
 Errors have vLLM's shape (since vLLM 0.10.1, ``ErrorResponse`` in
 ``vllm/entrypoints/openai/protocol.py``): ``{"error": {"message", "type", "param", "code"}}``
@@ -44,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from daemon.llm.base import Backend, BackendRejected, BackendUnavailable, LLMError, SamplingParams
 from daemon.llm.chat import ChatRenderer
+from daemon.llm.weights import Reloadable, ReloadRequest, WeightsError
 
 log = logging.getLogger(__name__)
 
@@ -103,14 +106,6 @@ class CompletionRequest(BaseModel):
     stream: bool = Field(False, le=False)
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
-
-
-class ReloadRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    path: str = Field(min_length=1)
-    partial: bool = False
-    version: int | None = Field(None, ge=0)
 
 
 class _Metrics:
@@ -192,8 +187,6 @@ class ModelServerApp:
     async def _reload(self, receive: Receive, send: Send) -> None:
         """Weight sync: ``{"path": dir, "partial": false, "version": N?}`` -> the weights
         under ``path`` are loaded (after the generation in progress) and the cache dropped."""
-        from daemon.llm.reload import WeightsError
-
         body = b""
         while True:
             msg = await receive()
@@ -207,12 +200,11 @@ class ModelServerApp:
         except (ValueError, ValidationError) as exc:
             await _error(send, 400, f"bad request: {exc}")
             return
-        reload = getattr(self.backend, "reload_weights", None)
-        if reload is None:
+        if not isinstance(self.backend, Reloadable):
             await _error(send, 400, f"this server's backend ({self.model_name}) cannot reload weights")
             return
         try:
-            result = await reload(req.path, partial=req.partial)
+            result = await self.backend.reload_weights(req.path, partial=req.partial, version=req.version)
         except WeightsError as exc:
             await _error(send, 400, str(exc))
             return
