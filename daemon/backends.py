@@ -19,6 +19,7 @@ from daemon.llm.base import BackendUnavailable, LLMError
 if TYPE_CHECKING:
     from daemon.llm.chat import ChatRenderer
     from daemon.llm.pool import BackendPool
+    from daemon.llm.weights import ReloadRequest
 
 
 class Backends:
@@ -72,14 +73,12 @@ class Backends:
         from daemon.llm.pool import make_backend
 
         pool = self.pool
-        spec = dict(spec)
-        backend_id = spec.pop("id", None)
         renderer = await self.renderer()
         try:
             backend = make_backend(spec, renderer=renderer)
         except (ValueError, KeyError, TypeError) as exc:
             raise InvalidBackend(f"bad backend spec: {exc}") from None
-        return pool.add(backend, backend_id=backend_id)
+        return pool.add(backend, backend_id=spec.get("id"))
 
     def _known(self, backend_id: str) -> BackendPool:
         pool = self.pool
@@ -100,15 +99,11 @@ class Backends:
     def set_policy_version(self, version: int) -> None:
         self.pool.set_policy_version(version)
 
-    async def reload(
-        self, backend_id: str, path: str, *, version: int | None, partial: bool
-    ) -> dict[str, Any]:
+    async def reload(self, backend_id: str, req: ReloadRequest) -> dict[str, Any]:
         """Weight sync: pause, load, drop the cache, set the policy version, resume."""
-        from daemon.llm.reload import reload_in_pool
-
         pool = self._known(backend_id)
         try:
-            return await reload_in_pool(pool, backend_id, path, version=version, partial=partial)
+            return await pool.reload(backend_id, req)
         except BackendUnavailable as exc:
             raise ServiceUnavailable(f"reload failed: {exc}") from None
         except LLMError as exc:

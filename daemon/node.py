@@ -274,9 +274,7 @@ class Node:
             if s.embedded_model:
                 pool.add(make_backend({"kind": "transformers"}, renderer=renderer), backend_id="embedded")
             for spec in s.backends:
-                spec = dict(spec)
-                backend_id = spec.pop("id", None)  # before make_backend: specs forbid unknown keys
-                pool.add(make_backend(spec, renderer=renderer), backend_id=backend_id)
+                pool.add(make_backend(spec, renderer=renderer), backend_id=spec.get("id"))
         if s.spawn_vllm:
             await self._spawn_vllm(nursery, pool)
 

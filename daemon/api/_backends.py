@@ -10,14 +10,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Protocol, Union, get_args
+from typing import Any, Protocol
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel, create_model
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 from quart_schema import document_request, document_response
 from quart_trio import QuartTrio
 
 from daemon.api._http import BODY_ERRORS, IdConverter, errors, json_body, parse
-from daemon.llm import BackendSpec
+from daemon.llm import RESERVED_IDS, BackendSpec, ReloadRequest
 
 
 class Backends(Protocol):
@@ -29,8 +29,7 @@ class Backends(Protocol):
     async def pause(self) -> None: ...
     def resume(self) -> None: ...
     def set_policy_version(self, version: int) -> None: ...
-    async def reload(self, backend_id: str, path: str, *, version: int | None,
-                     partial: bool) -> dict[str, Any]: ...
+    async def reload(self, backend_id: str, req: ReloadRequest) -> dict[str, Any]: ...
 
 
 class BackendsResponse(BaseModel):
@@ -58,49 +57,19 @@ class ReloadResponse(BaseModel):
 class BackendId(IdConverter):
     """A backend id: never one of the fixed segments beside it (``/v1/backends/pause``)."""
 
-    reserved = ("pause", "resume")
+    reserved = RESERVED_IDS
 
 
-def _backend_id(value: str | None) -> str | None:
-    if value in BackendId.reserved:
-        raise ValueError(f"{value!r} is a fixed path segment under /v1/backends")
-    return value
+#: POST /v1/backends: a backend spec, one model per kind (``daemon.llm.BackendSpec``, whose
+#: ``id`` names it in the pool; see docs/llm.md).
+BackendRegistration = RootModel[BackendSpec]
 
-
-def _registration(spec: Any) -> type[RootModel[Any]]:
-    """POST /v1/backends: a backend spec (``daemon.llm.BackendSpec``, one model per kind, see
-    docs/llm.md) plus the ``id`` the pool gives it."""
-    backend_id = Annotated[
-        str | None,
-        Field(min_length=1, pattern=r"^[^/]+$", json_schema_extra={"not": {"enum": list(BackendId.reserved)}},
-              description="The backend's id in the pool (default: generated)."),
-        AfterValidator(_backend_id),
-    ]
-    union, *_ = get_args(spec)
-    kinds = tuple(create_model(m.__name__, __base__=m, id=(backend_id, None)) for m in get_args(union))
-    return RootModel[Annotated[Union[kinds], Field(discriminator="kind")]]  # type: ignore[misc,return-value,valid-type]  # noqa: UP007
-
-
-BackendRegistration = _registration(BackendSpec)
-
-
-BackendRegistration = _registration(BackendSpec)
 
 
 class PolicyVersion(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     version: int = Field(ge=0)
-
-
-class ReloadRequest(BaseModel):
-    """Weight sync from a directory of safetensors (see docs/training.md)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    path: str = Field(min_length=1, description="A directory of *.safetensors (or one file), readable by the backend.")
-    version: int | None = Field(None, ge=0, description="The new policy version (default: current + 1).")
-    partial: bool = Field(False, description="The files hold only some parameters; the others are kept.")
 
 
 def register(app: QuartTrio, backends: Backends) -> None:
@@ -153,8 +122,7 @@ def register(app: QuartTrio, backends: Backends) -> None:
     async def reload_backend(backend_id: str) -> Any:
         """Weight sync: pause, load the weights into this backend, drop its cache, set the
         policy version, resume."""
-        body = parse(ReloadRequest, await json_body())
-        return await backends.reload(backend_id, body.path, version=body.version, partial=body.partial)
+        return await backends.reload(backend_id, parse(ReloadRequest, await json_body()))
 
     @app.put("/v1/policy_version")
     @document_request(PolicyVersion)

@@ -5,15 +5,24 @@ Public API (the daemon uses only these names)::
     BackendPool, make_backend, parse_spec          routing and backends from JSON specs
     ChatRenderer, ChatFamily, FAMILIES, check_extends, load_embedded_tokenizer, embedded_renderer
     SamplingParams, Completion, Backend            the backend contract
-    LLMError and its subclasses                    the error tree (see daemon.llm.base)
+    ReloadRequest, Reloadable, load_weights, weight_files
+                                                   weight sync from a directory (daemon.llm.weights;
+                                                   BackendPool.reload does the whole sync)
+    LLMError and its subclasses                    the error tree (see daemon.llm.base), with
+                                                   WeightsError and ReloadUnsupported
 
-Backends live in their modules: ``daemon.llm.vllm.VLLMBackend``,
+Backends live in their modules: ``daemon.llm.vllm.VLLMBackend`` and its
+``ModelServerBackend`` (``rolloutd model-server``, which can reload weights),
 ``daemon.llm.transformers.TransformersBackend`` (embedded SmolLM2),
 ``daemon.llm.scripted.ScriptedBackend`` (test double); ``daemon.llm.model_server`` serves the
 embedded model over HTTP; ``daemon.llm.spawn`` supervises ``vllm serve`` children.
+
+Inside the package, modules import each other by their own names (never ``from daemon.llm
+import ...``, which would import this file), and ``daemon.llm.weights`` imports no backend,
+pool or factory: there is no import cycle.
 """
 
-from daemon.llm._factory import BackendSpec, make_backend, parse_spec
+from daemon.llm._factory import RESERVED_IDS, BackendSpec, make_backend, parse_spec
 from daemon.llm.base import (
     Backend,
     BackendRejected,
@@ -36,9 +45,18 @@ from daemon.llm.chat import (
     load_embedded_tokenizer,
 )
 from daemon.llm.pool import BackendPool
+from daemon.llm.weights import (
+    Reloadable,
+    ReloadRequest,
+    ReloadUnsupported,
+    WeightsError,
+    load_weights,
+    weight_files,
+)
 
 __all__ = [
     "FAMILIES",
+    "RESERVED_IDS",
     "Backend",
     "BackendPool",
     "BackendRejected",
@@ -52,11 +70,17 @@ __all__ = [
     "LLMError",
     "NoBackend",
     "PrefixMismatch",
+    "ReloadRequest",
+    "ReloadUnsupported",
+    "Reloadable",
     "RenderError",
     "SamplingParams",
+    "WeightsError",
     "check_extends",
     "embedded_renderer",
     "load_embedded_tokenizer",
+    "load_weights",
     "make_backend",
     "parse_spec",
+    "weight_files",
 ]

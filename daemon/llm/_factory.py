@@ -4,14 +4,33 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from daemon.llm.base import Backend, BackendSpecError
 from daemon.llm.chat import ChatRenderer
 
+#: Path segments beside backend ids under /v1/backends: never an id.
+RESERVED_IDS = ("pause", "resume")
+
+
+def _not_reserved(value: str | None) -> str | None:
+    if value in RESERVED_IDS:
+        raise ValueError(f"{value!r} is a fixed path segment under /v1/backends")
+    return value
+
+
+BackendId = Annotated[
+    str | None,
+    Field(min_length=1, pattern=r"^[^/]+$", json_schema_extra={"not": {"enum": list(RESERVED_IDS)}},
+          description="The backend's id in the pool (default: generated)."),
+    AfterValidator(_not_reserved),
+]
+
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    id: BackendId = None
 
 
 class VLLMSpec(_Spec):
@@ -58,7 +77,7 @@ def parse_spec(spec: dict[str, Any]) -> VLLMSpec | ModelServerSpec | Transformer
 
 
 def make_backend(spec: dict[str, Any], *, renderer: ChatRenderer | None = None) -> Backend:
-    """Build (not start) a backend. Kinds::
+    """Build (not start) a backend (its ``id``, if given, is for the pool). Kinds::
 
         {"kind": "vllm", "url": "http://h:8000", "model": "name"?}
         {"kind": "model-server", "url": "http://h:8100"}        # rolloutd model-server
@@ -70,9 +89,9 @@ def make_backend(spec: dict[str, Any], *, renderer: ChatRenderer | None = None) 
     """
     s = parse_spec(spec)
     if isinstance(s, VLLMSpec | ModelServerSpec):
-        from daemon.llm.vllm import VLLMBackend
+        from daemon.llm.vllm import http_backend
 
-        return VLLMBackend(s.url, s.model, kind=s.kind, name=s.name)
+        return http_backend(s.url, s.model, kind=s.kind, name=s.name)
     if isinstance(s, TransformersSpec):
         from daemon.llm.transformers import TransformersBackend
 

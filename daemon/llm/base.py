@@ -5,6 +5,8 @@ Errors raised by ``daemon.llm`` (one tree)::
     LLMError
     ├── BackendUnavailable    unreachable / 5xx / died mid-request: the pool retries elsewhere
     ├── BackendRejected       the backend refused the request (4xx): retrying elsewhere won't help
+    │   └── WeightsError      weights that cannot be loaded (daemon.llm.weights)
+    │       └── ReloadUnsupported   a backend that cannot load weights from a directory
     ├── BadResponse           an answer we cannot trust (ids and logprobs differ in length, ...)
     ├── NoBackend             no healthy, unpaused backend is registered
     ├── BackendSpecError      a backend spec (``make_backend``) is malformed; also a ValueError

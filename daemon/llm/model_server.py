@@ -12,9 +12,11 @@ Routes (the subset of vLLM's OpenAI server that rolloutd's vllm client uses):
   token id outside the vocabulary answers 400 and a ``model`` other than the served one 404,
   as vLLM does.
 - ``GET /v1/models``, ``GET /health`` (200, empty), ``GET /metrics`` (Prometheus text).
-- ``POST /v1/reload`` ``{"path": dir, "partial": false, "version": N}``: weight sync; loads
-  the ``*.safetensors`` under ``dir`` into the model after the generation in progress and
-  drops the KV cache (``daemon.llm.reload``). 400 when the weights do not fit the model.
+- ``POST /v1/reload`` ``{"path": dir, "partial": false, "version": N}``
+  (:class:`daemon.llm.weights.ReloadRequest`): weight sync; loads the ``*.safetensors`` under
+  ``dir`` into the model after the generation in progress and drops the KV cache (the backend's
+  :class:`~daemon.llm.weights.Reloadable` ``reload_weights``). 400 when the weights do not fit
+  the model.
 
 Errors have vLLM's shape (since vLLM 0.10.1, ``ErrorResponse`` in
 ``vllm/entrypoints/openai/protocol.py``): ``{"error": {"message", "type", "param", "code"}}``
@@ -44,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from daemon.llm.base import Backend, BackendRejected, BackendUnavailable, LLMError, SamplingParams
 from daemon.llm.chat import ChatRenderer
+from daemon.llm.weights import Reloadable, ReloadRequest, WeightsError
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +71,7 @@ _ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAll
                 413: "BadRequestError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
 
 
-class RequestError(LLMError):
+class ErrorAnswer(LLMError):
     """A request this server answers with ``status`` and vLLM's error body."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
@@ -103,14 +106,6 @@ class CompletionRequest(BaseModel):
     stream: bool = Field(False, le=False)
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
-
-
-class ReloadRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    path: str = Field(min_length=1)
-    partial: bool = False
-    version: int | None = Field(None, ge=0)
 
 
 class _Metrics:
@@ -192,8 +187,6 @@ class ModelServerApp:
     async def _reload(self, receive: Receive, send: Send) -> None:
         """Weight sync: ``{"path": dir, "partial": false, "version": N?}`` -> the weights
         under ``path`` are loaded (after the generation in progress) and the cache dropped."""
-        from daemon.llm.reload import WeightsError
-
         body = b""
         while True:
             msg = await receive()
@@ -207,12 +200,11 @@ class ModelServerApp:
         except (ValueError, ValidationError) as exc:
             await _error(send, 400, f"bad request: {exc}")
             return
-        reload = getattr(self.backend, "reload_weights", None)
-        if reload is None:
+        if not isinstance(self.backend, Reloadable):
             await _error(send, 400, f"this server's backend ({self.model_name}) cannot reload weights")
             return
         try:
-            result = await reload(req.path, partial=req.partial)
+            result = await self.backend.reload_weights(req.path, partial=req.partial, version=req.version)
         except WeightsError as exc:
             await _error(send, 400, str(exc))
             return
@@ -235,13 +227,13 @@ class ModelServerApp:
                 break
         try:
             req, params = self._parse_completion(body)
-        except RequestError as exc:
+        except ErrorAnswer as exc:
             self.metrics.requests.labels("bad_request").inc()
             await _error(send, exc.status, exc.message, param=exc.param)
             return
         self.metrics.in_flight.inc()
         completion = None
-        failure: RequestError | None = None
+        failure: ErrorAnswer | None = None
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
@@ -249,9 +241,9 @@ class ModelServerApp:
                 try:
                     completion = await self.backend.complete(req.prompt, params, max_tokens=req.max_tokens)
                 except BackendRejected as exc:
-                    failure = RequestError(400, str(exc))
+                    failure = ErrorAnswer(400, str(exc))
                 except (BackendUnavailable, LLMError) as exc:
-                    failure = RequestError(503, str(exc))
+                    failure = ErrorAnswer(503, str(exc))
                 nursery.cancel_scope.cancel()
         finally:
             self.metrics.in_flight.dec()
@@ -293,16 +285,16 @@ class ModelServerApp:
         })
 
     def _parse_completion(self, body: bytes) -> tuple[CompletionRequest, SamplingParams]:
-        """The request and its sampling params; :class:`RequestError` says what is wrong."""
+        """The request and its sampling params; :class:`ErrorAnswer` says what is wrong."""
         try:
             data = json.loads(body or b"null")
         except ValueError as exc:
-            raise RequestError(400, f"the body is not JSON: {exc}") from None
+            raise ErrorAnswer(400, f"the body is not JSON: {exc}") from None
         if not isinstance(data, dict):
-            raise RequestError(400, "the body must be a JSON object")
+            raise ErrorAnswer(400, "the body must be a JSON object")
         for name, off in UNSUPPORTED.items():
             if name in data and not _is_off(data[name], off):
-                raise RequestError(400, f"{name!r} is not supported by rolloutd model-server", param=name)
+                raise ErrorAnswer(400, f"{name!r} is not supported by rolloutd model-server", param=name)
         try:
             req = CompletionRequest.model_validate(data)
             params = SamplingParams(
@@ -312,16 +304,16 @@ class ModelServerApp:
             )
         except ValidationError as exc:
             loc = exc.errors()[0]["loc"]
-            raise RequestError(400, f"bad request: {exc}", param=str(loc[0]) if loc else None) from None
+            raise ErrorAnswer(400, f"bad request: {exc}", param=str(loc[0]) if loc else None) from None
         if req.model is not None and req.model != self.model_name:
-            raise RequestError(404, f"The model `{req.model}` does not exist.", param="model")
+            raise ErrorAnswer(404, f"The model `{req.model}` does not exist.", param="model")
         for field in ("prompt", "stop_token_ids"):
             bad = [i for i in getattr(req, field) or [] if not 0 <= i < self.vocab_size]
             if bad:
-                raise RequestError(400, f"Token id {bad[0]} is out of vocabulary "
+                raise ErrorAnswer(400, f"Token id {bad[0]} is out of vocabulary "
                                         f"(the vocabulary has {self.vocab_size} ids)", param=field)
         if len(req.prompt) + req.max_tokens > self.max_model_len:
-            raise RequestError(400, f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) "
+            raise ErrorAnswer(400, f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) "
                                     f"exceeds max_model_len ({self.max_model_len})", param="max_tokens")
         return req, params
 

@@ -15,13 +15,16 @@ every ``health_interval_s`` and brings recovered ones back. A request that fails
 is retried on another; the rollout (and its group) moves there, and the completion records
 ``retries`` and ``switches`` in ``Completion.extra``. :meth:`pause` stops dispatch and waits
 for in-flight requests to drain (weight sync); :meth:`resume` lets waiting turns go on. Every
-completion is stamped with ``policy_version`` at dispatch and at return.
+completion is stamped with ``policy_version`` at dispatch and at return. :meth:`reload` is the
+whole weight sync from a directory for one backend (pause, load, set the version, resume; see
+:mod:`daemon.llm.weights`).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +39,7 @@ from daemon.llm.base import (
     NoBackend,
     SamplingParams,
 )
+from daemon.llm.weights import ReloadRequest, reload_backend
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +196,32 @@ class BackendPool:
     @property
     def paused(self) -> bool:
         return self._paused
+
+    async def reload(self, backend_id: str, req: ReloadRequest) -> dict[str, Any]:
+        """Weight sync from a directory: pause -> load ``req.path`` into the backend (it drops
+        its cache) -> set the version -> resume.
+
+        ``req.version`` defaults to the current version + 1. Raises ``KeyError`` for an unknown
+        backend and :class:`LLMError` subclasses when loading fails (the pool resumes on the old
+        weights and version; :class:`~daemon.llm.weights.ReloadUnsupported` for a backend that
+        is not :class:`~daemon.llm.weights.Reloadable`). Returns ``{"id", "version", "path",
+        "partial", "drain_s", "total_s", "backend": what the backend reported}``.
+        """
+        backend = self.get(backend_id)
+        new_version = self.policy_version + 1 if req.version is None else int(req.version)
+        t0 = time.monotonic()
+        was_paused = self.paused
+        await self.pause()
+        paused_s = time.monotonic() - t0
+        try:
+            result = await reload_backend(backend, req.path, partial=req.partial, version=new_version)
+            self.set_policy_version(new_version)
+        finally:
+            if not was_paused:
+                self.resume()
+        return {"id": backend_id, "version": new_version, "path": req.path, "partial": req.partial,
+                "drain_s": round(paused_s, 3), "total_s": round(time.monotonic() - t0, 3),
+                "backend": result}
 
     # -- health -------------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ import httpx
 import trio
 
 from daemon.llm.pool import BackendPool
-from daemon.llm.vllm import VLLMBackend
+from daemon.llm.vllm import http_backend
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ async def supervise_server(
         try:
             await _wait_healthy(spec.url, proc, spec.startup_timeout_s)
             if not started:
-                pool.add(VLLMBackend(spec.url, kind=spec.kind), backend_id=spec.backend_id)
+                pool.add(http_backend(spec.url, kind=spec.kind), backend_id=spec.backend_id)
                 started = True
                 task_status.started(spec.url)
             else:

@@ -32,8 +32,9 @@ from typing import Any
 
 import trio
 
-from daemon.llm import _embedded
+import daemon.llm._embedded as _embedded
 from daemon.llm.base import BackendRejected, BackendUnavailable, Completion, SamplingParams
+from daemon.llm.weights import load_weights
 
 
 @dataclass
@@ -223,11 +224,11 @@ class TransformersBackend:
             extra={"generation_s": result.seconds},
         )
 
-    async def reload_weights(self, path: str, *, partial: bool = False) -> dict[str, Any]:
-        """Weight sync: copy the safetensors under ``path`` into the model (after the current
-        generation, under the same limiter) and drop the KV cache the old weights computed."""
-        from daemon.llm.reload import load_weights
-
+    async def reload_weights(self, path: str, *, partial: bool = False, version: int | None = None) -> dict[str, Any]:
+        """Weight sync (:class:`~daemon.llm.weights.Reloadable`): copy the safetensors under
+        ``path`` into the model (after the current generation, under the same limiter) and drop
+        the KV cache the old weights computed. ``version`` is not recorded here (the pool keeps
+        the policy version)."""
         await self.load()
         gen = self._gen
         assert gen is not None

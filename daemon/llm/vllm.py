@@ -1,6 +1,7 @@
 """The vLLM client: token ids in over ``POST /v1/completions``, sampled ids and logprobs out.
 
-Also the client for ``rolloutd model-server``, which speaks the same subset. Every request
+Also the client for ``rolloutd model-server``, which speaks the same subset
+(:class:`ModelServerBackend`, which also loads weights through the server's ``POST /v1/reload``). Every request
 sends every sampling field explicitly (so ``--generation-config auto`` cannot change what we
 sample from), ``max_tokens`` explicitly (vLLM's default is 16), ``logprobs: 0`` (the sampled
 token's logprob only), ``return_token_ids`` and ``return_tokens_as_token_ids`` (so ids never
@@ -38,6 +39,7 @@ from daemon.llm.base import (
     Completion,
     SamplingParams,
 )
+from daemon.llm.weights import RELOAD_HTTP_TIMEOUT_S, WeightsError, reload_unsupported
 
 FINISH_REASONS = {"stop", "length", "abort"}
 
@@ -202,3 +204,47 @@ class VLLMBackend:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+class ModelServerBackend(VLLMBackend):
+    """A ``rolloutd model-server`` at ``url`` (kind ``model-server``): the vLLM client, plus
+    weight sync through the server's own ``POST /v1/reload`` (:class:`~daemon.llm.weights.Reloadable`)."""
+
+    def __init__(
+        self,
+        url: str,
+        model: str | None = None,
+        *,
+        name: str | None = None,
+        connect_timeout_s: float = 5.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__(
+            url, model, kind="model-server", name=name, connect_timeout_s=connect_timeout_s, transport=transport
+        )
+
+    async def reload_weights(self, path: str, *, partial: bool = False, version: int | None = None) -> dict[str, Any]:
+        """``POST {url}/v1/reload {"path", "partial", "version"}``: the server loads the weights
+        after the generation in progress, drops its cache and reports ``version`` as
+        ``weights_version``. 4xx is :class:`WeightsError`; no answer or 5xx, :class:`BackendUnavailable`."""
+        if not self.url:
+            raise reload_unsupported(self)
+        try:
+            async with httpx.AsyncClient(base_url=self.url, timeout=RELOAD_HTTP_TIMEOUT_S) as http:
+                resp = await http.post("/v1/reload", json={"path": path, "partial": partial, "version": version})
+        except httpx.TransportError as exc:
+            raise BackendUnavailable(f"{self.name}: reload: {type(exc).__name__}: {exc}") from exc
+        if resp.status_code >= 500:
+            raise BackendUnavailable(f"{self.name}: reload: {error_text(resp)}")
+        if resp.status_code >= 400:
+            raise WeightsError(f"{self.name}: reload: {error_text(resp)}")
+        return dict(resp.json())
+
+
+def http_backend(url: str, model: str | None = None, *, kind: str = "vllm", name: str | None = None) -> VLLMBackend:
+    """The client for a server of ``kind`` at ``url`` (``make_backend`` and ``spawn`` build
+    theirs here): a :class:`ModelServerBackend` for ``model-server``, else a
+    :class:`VLLMBackend` labelled ``kind``."""
+    if kind == "model-server":
+        return ModelServerBackend(url, model, name=name)
+    return VLLMBackend(url, model, kind=kind, name=name)

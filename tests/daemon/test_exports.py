@@ -14,6 +14,7 @@ import pytest
 
 import daemon
 import daemon.api
+import daemon.llm
 import daemon.tasks
 from daemon.errors import DaemonError
 
@@ -32,6 +33,14 @@ API = {
     "KeptGroup", "Parts", "PolicyVersion", "ReloadRequest", "SubmitResponse", "WaitResponse",
     "create_app",
 }
+LLM = {
+    "Backend", "BackendPool", "BackendRejected", "BackendSpec", "BackendSpecError",
+    "BackendUnavailable", "BadResponse", "ChatFamily", "ChatRenderer", "Completion", "FAMILIES",
+    "LLMError", "NoBackend", "PrefixMismatch", "RESERVED_IDS", "ReloadRequest", "ReloadUnsupported",
+    "Reloadable", "RenderError", "SamplingParams", "WeightsError", "check_extends",
+    "embedded_renderer", "load_embedded_tokenizer", "load_weights", "make_backend", "parse_spec",
+    "weight_files",
+}
 TASKS = {
     "ENTRY_POINT_GROUP", "EvalContext", "Prompt", "Reward", "TaskError", "TaskFileError",
     "TaskHandler", "TaskRegistry", "describe_errors", "load_tasks", "model_kind", "parse_tasks",
@@ -44,7 +53,8 @@ def _public(module: types.ModuleType) -> set[str]:
             if not n.startswith("_") and not isinstance(v, types.ModuleType)} - {"annotations"}
 
 
-@pytest.mark.parametrize(("module", "expected"), [(daemon.api, API), (daemon.tasks, TASKS)])
+@pytest.mark.parametrize(("module", "expected"),
+                         [(daemon.api, API), (daemon.llm, LLM), (daemon.tasks, TASKS)])
 def test_all_is_exactly_the_public_api(module: types.ModuleType, expected: set[str]) -> None:
     assert set(module.__all__) == expected
     for name in module.__all__:

@@ -12,7 +12,7 @@ from daemon.agent import AgentLimits, run_agent
 from daemon.llm.base import SamplingParams
 from daemon.llm.pool import BackendPool
 from daemon.llm.spawn import ServerSpec, supervise_server, vllm_serve_argv
-from daemon.llm.vllm import VLLMBackend
+from daemon.llm.vllm import ModelServerBackend
 from daemon.tasks.base import Prompt
 from daemon.trajectory import Trajectory
 
@@ -28,7 +28,7 @@ async def test_rollout_survives_its_backend_being_killed(renderer):
         servers = {"ms0": s0, "ms1": s1}
         pool = BackendPool(health_interval_s=0.5)
         for bid, s in servers.items():
-            pool.add(VLLMBackend(s.url, kind="model-server"), backend_id=bid)
+            pool.add(ModelServerBackend(s.url), backend_id=bid)
         tr = Trajectory(id="r")
         killed = []
         async with trio.open_nursery() as nursery:

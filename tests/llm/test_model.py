@@ -8,7 +8,7 @@ from daemon.llm.base import SamplingParams
 from daemon.llm.chat import check_extends
 from daemon.llm.pool import BackendPool
 from daemon.llm.transformers import process_logits
-from daemon.llm.vllm import VLLMBackend
+from daemon.llm.vllm import ModelServerBackend
 from daemon.tasks.base import Prompt
 from daemon.trajectory import Trajectory
 
@@ -134,7 +134,7 @@ async def test_cancel_stops_generation_promptly(model_backend, renderer):
 
 async def test_real_model_through_model_server(renderer):
     async with open_model_server("--backend", "transformers") as srv:
-        backend = VLLMBackend(srv.url, kind="model-server")
+        backend = ModelServerBackend(srv.url)
         trs, log = await _rollouts(backend, renderer, 4)
         assert _verify(trs, log, renderer) == 4
         await backend.aclose()

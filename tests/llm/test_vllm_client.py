@@ -12,7 +12,7 @@ import trio
 
 from daemon.llm.base import BackendRejected, BackendUnavailable, BadResponse, SamplingParams
 from daemon.llm.model_server import ModelServerApp
-from daemon.llm.vllm import VLLMBackend
+from daemon.llm.vllm import ModelServerBackend, VLLMBackend
 
 from .conftest import open_model_server
 
@@ -202,7 +202,7 @@ async def test_model_discovery():
 
 async def test_against_a_scripted_model_server_process(renderer):
     async with open_model_server("--backend", "scripted", "--reply", "hello there", "--latency-s", "1") as srv:
-        b = VLLMBackend(srv.url, kind="model-server")
+        b = ModelServerBackend(srv.url)
         assert await b.health()
         prompt = renderer.render_prompt([{"role": "user", "content": "hi"}])
         c = await b.complete(prompt, SamplingParams(stop_token_ids=[2]), max_tokens=32)
@@ -267,7 +267,7 @@ async def _check_bad_requests(srv, model, tokenizer):
             assert r.status_code == 200, r.text
             assert r.json()["choices"][0]["prompt_token_ids"] == [1, 2, 3]
             check_completion_shape(r.json(), request, tokenizer)
-    vllm = VLLMBackend(srv.url, "not-served", kind="model-server")
+    vllm = ModelServerBackend(srv.url, "not-served")
     with pytest.raises(BackendRejected, match="HTTP 404 NotFoundError: The model `not-served` does not exist"):
         await vllm.complete([1, 2], SamplingParams(), max_tokens=1)
     await vllm.aclose()

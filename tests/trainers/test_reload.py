@@ -15,7 +15,7 @@ from daemon.llm import _embedded
 from daemon.llm.base import SamplingParams
 from daemon.llm.chat import embedded_renderer
 from daemon.llm.pool import BackendPool
-from daemon.llm.reload import WeightsError, load_weights
+from daemon.llm.weights import WeightsError, load_weights
 from daemon.node import Node
 from daemon.pipeline import Services
 

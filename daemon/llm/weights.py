@@ -1,46 +1,49 @@
-"""Weight sync from a directory: load new safetensors weights into a serving backend.
+"""Weight sync from a directory: the loader, its errors, the request and the ``Reloadable`` protocol.
 
 A trainer that holds its own copy of the policy saves the updated tensors with
 ``safetensors.torch.save_file`` into a directory and asks rolloutd to load them::
 
     POST /v1/backends/{id}/reload   {"path": "/runs/x/step-12", "version": 12, "partial": true}
 
-:func:`reload_in_pool` does the whole sync for one pooled backend: pause the pool (no new
-turn starts; in-flight requests finish), load the weights into the backend (which also drops
-its prefix/KV cache, since cached keys were computed by the old weights), set the pool's
-policy version, resume. Turns sampled afterwards carry the new version in
-``policy_version_start``/``_end``; a turn that was waiting in the pause starts on the new
-version. If loading fails the pool resumes on the old weights and version, and the error is
-raised.
+That body is :class:`ReloadRequest`, also the body of ``rolloutd model-server``'s own
+``POST /v1/reload``. :meth:`daemon.llm.pool.BackendPool.reload` does the whole sync for one
+pooled backend: pause the pool (no new turn starts; in-flight requests finish), load the
+weights into the backend (which also drops its prefix/KV cache, since cached keys were
+computed by the old weights), set the pool's policy version, resume. Turns sampled afterwards
+carry the new version in ``policy_version_start``/``_end``; a turn that was waiting in the
+pause starts on the new version. If loading fails the pool resumes on the old weights and
+version, and the error is raised.
 
-How a backend loads (:func:`reload_backend`):
+A backend that can load weights implements :class:`Reloadable` (``reload_weights``);
+:func:`reload_backend` calls it, or raises :class:`ReloadUnsupported` for one that cannot:
 
-- ``transformers`` (embedded): in process, :meth:`TransformersBackend.reload_weights`;
-- ``model-server``: ``POST {url}/v1/reload`` (``rolloutd model-server``'s own route);
+- ``transformers`` (embedded): in process,
+  :meth:`daemon.llm.transformers.TransformersBackend.reload_weights`;
+- ``model-server``: ``POST {url}/v1/reload`` (``rolloutd model-server``'s own route),
+  :meth:`daemon.llm.vllm.ModelServerBackend.reload_weights`;
 - ``vllm``: refused (:class:`ReloadUnsupported`). vLLM's weight updates go through the
   trainer's own transport (NCCL / CUDA IPC, see shared research); do that between
   ``POST /v1/backends/pause`` and ``/resume`` and then ``PUT /v1/policy_version``.
 
-:func:`load_weights` is the blocking loader both in-process paths use. Every tensor in the
+:func:`load_weights` is the blocking loader the in-process paths use. Every tensor in the
 directory's ``*.safetensors`` files must name a parameter (or buffer) of the model with the
 same shape; with ``partial=False`` every parameter must be given (tied parameters, such as
 SmolLM2's ``lm_head`` tied to the embeddings, count as given with their twin). Everything is
 checked before the first tensor is copied, so a bad directory leaves the model unchanged.
+
+This module imports only :mod:`daemon.llm.base` from the package (no pool, no factory, no
+backend), so every backend and the pool can import it.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, runtime_checkable
 
-import httpx
+from pydantic import BaseModel, ConfigDict, Field
 
-from daemon.llm.base import Backend, BackendRejected, BackendUnavailable
-from daemon.llm.vllm import error_text
-
-if TYPE_CHECKING:
-    from daemon.llm.pool import BackendPool
+from daemon.llm.base import Backend, BackendRejected
 
 #: A reload over HTTP may read a few GB from disk; allow for it.
 RELOAD_HTTP_TIMEOUT_S = 600.0
@@ -52,6 +55,51 @@ class WeightsError(BackendRejected):
 
 class ReloadUnsupported(WeightsError):
     """This backend kind cannot load weights from a directory through rolloutd."""
+
+
+class ReloadRequest(BaseModel):
+    """Weight sync from a directory of safetensors (see docs/training.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(min_length=1, description="A directory of *.safetensors (or one file), readable by the backend.")
+    version: int | None = Field(None, ge=0, description="The new policy version (default: current + 1).")
+    partial: bool = Field(False, description="The files hold only some parameters; the others are kept.")
+
+
+@runtime_checkable
+class Reloadable(Protocol):
+    """A backend that loads new weights from a directory (and drops its prefix/KV cache).
+
+    ``version`` is the policy version the weights are for; a backend may record it (the
+    model-server reports it as ``weights_version``) or ignore it. Returns what the backend
+    reports (for the in-process loader: :func:`load_weights`'s dict). Raises
+    :class:`WeightsError` when the weights do not fit, :class:`BackendUnavailable
+    <daemon.llm.base.BackendUnavailable>` when the backend cannot be reached.
+    """
+
+    async def reload_weights(self, path: str, *, partial: bool, version: int | None) -> dict[str, Any]: ...
+
+
+def reload_unsupported(backend: Backend) -> ReloadUnsupported:
+    """The error for a backend that cannot load weights from a directory."""
+    kind = getattr(backend, "kind", None)
+    return ReloadUnsupported(
+        f"backend {backend.name} ({kind}) cannot load weights from a directory through rolloutd: "
+        "sync its weights with the trainer's own transport between POST /v1/backends/pause and "
+        "/resume, then PUT /v1/policy_version"
+    )
+
+
+async def reload_backend(
+    backend: Backend, path: str, *, partial: bool = False, version: int | None = None
+) -> dict[str, Any]:
+    """Load the weights at ``path`` into one backend (no pausing: see
+    :meth:`daemon.llm.pool.BackendPool.reload`); :class:`ReloadUnsupported` unless it is
+    :class:`Reloadable`."""
+    if not isinstance(backend, Reloadable):
+        raise reload_unsupported(backend)
+    return await backend.reload_weights(path, partial=partial, version=version)
 
 
 def weight_files(path: str | Path) -> list[Path]:
@@ -108,66 +156,14 @@ def load_weights(model: Any, path: str | Path, *, partial: bool = False) -> dict
             "seconds": round(time.monotonic() - t0, 3)}
 
 
-async def reload_backend(
-    backend: Backend, path: str, *, partial: bool = False, version: int | None = None
-) -> dict[str, Any]:
-    """Load the weights at ``path`` into one backend (no pausing: see :func:`reload_in_pool`);
-    a model-server is told ``version`` too (it reports it as ``weights_version``)."""
-    own = getattr(backend, "reload_weights", None)
-    if own is not None:
-        result: dict[str, Any] = await own(path, partial=partial)
-        return result
-    kind = getattr(backend, "kind", None)
-    url = getattr(backend, "url", None)
-    if kind == "model-server" and url:
-        try:
-            async with httpx.AsyncClient(base_url=url, timeout=RELOAD_HTTP_TIMEOUT_S) as http:
-                resp = await http.post("/v1/reload", json={"path": path, "partial": partial, "version": version})
-        except httpx.TransportError as exc:
-            raise BackendUnavailable(f"{backend.name}: reload: {type(exc).__name__}: {exc}") from exc
-        if resp.status_code >= 500:
-            raise BackendUnavailable(f"{backend.name}: reload: {error_text(resp)}")
-        if resp.status_code >= 400:
-            raise WeightsError(f"{backend.name}: reload: {error_text(resp)}")
-        return dict(resp.json())
-    raise ReloadUnsupported(
-        f"backend {backend.name} ({kind}) cannot load weights from a directory through rolloutd: "
-        "sync its weights with the trainer's own transport between POST /v1/backends/pause and "
-        "/resume, then PUT /v1/policy_version"
-    )
-
-
-async def reload_in_pool(
-    pool: BackendPool, backend_id: str, path: str, *, version: int | None = None, partial: bool = False
-) -> dict[str, Any]:
-    """Pause -> load (the backend drops its cache) -> set the version -> resume.
-
-    ``version`` defaults to the pool's current version + 1. Raises ``KeyError`` for an
-    unknown backend and :class:`LLMError` subclasses when loading fails (the pool resumes on
-    the old weights and version).
-    """
-    backend = pool.get(backend_id)
-    new_version = pool.policy_version + 1 if version is None else int(version)
-    t0 = time.monotonic()
-    was_paused = pool.paused
-    await pool.pause()
-    paused_s = time.monotonic() - t0
-    try:
-        result = await reload_backend(backend, path, partial=partial, version=new_version)
-        pool.set_policy_version(new_version)
-    finally:
-        if not was_paused:
-            pool.resume()
-    return {"id": backend_id, "version": new_version, "path": path, "partial": partial,
-            "drain_s": round(paused_s, 3), "total_s": round(time.monotonic() - t0, 3),
-            "backend": result}
-
-
 __all__ = [
+    "RELOAD_HTTP_TIMEOUT_S",
+    "ReloadRequest",
     "ReloadUnsupported",
+    "Reloadable",
     "WeightsError",
     "load_weights",
     "reload_backend",
-    "reload_in_pool",
+    "reload_unsupported",
     "weight_files",
 ]
