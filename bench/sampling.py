@@ -36,10 +36,10 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from daemon.batch import BatchRequest, Group, GroupFilter, judge  # noqa: E402
 from daemon.config import Settings  # noqa: E402
 from daemon.node import Node  # noqa: E402
 from daemon.pipeline import Services  # noqa: E402
-from daemon.sampling import BatchRequest, Group, GroupFilter, judge  # noqa: E402
 from daemon.service import RolloutRequest  # noqa: E402
 
 G = 8  # samples per group

@@ -22,6 +22,7 @@ import typing as _typing
 if _typing.TYPE_CHECKING:
     from daemon.agent import AgentLimits
     from daemon.api import create_app
+    from daemon.batch import BatchRequest, GroupFilter
     from daemon.client import AsyncClient, BatchGroup, Client, RolloutdError, Submission
     from daemon.config import ConfigError, Settings
     from daemon.errors import (
@@ -41,7 +42,6 @@ if _typing.TYPE_CHECKING:
     )
     from daemon.llm.base import SamplingParams
     from daemon.node import Node, run
-    from daemon.sampling import BatchRequest, GroupFilter
     from daemon.service import RolloutRequest
     from daemon.tasks.base import TaskError, TaskHandler
     from daemon.tasks.registry import TaskRegistry
@@ -61,7 +61,7 @@ _WHERE = {
     ),
     "SamplingParams": "daemon.llm.base",
     **dict.fromkeys(("Node", "run"), "daemon.node"),
-    **dict.fromkeys(("BatchRequest", "GroupFilter"), "daemon.sampling"),
+    **dict.fromkeys(("BatchRequest", "GroupFilter"), "daemon.batch"),
     "RolloutRequest": "daemon.service",
     **dict.fromkeys(("TaskError", "TaskHandler"), "daemon.tasks.base"),
     "TaskRegistry": "daemon.tasks.registry",

@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from daemon.batch import Batch, BatchRequest
 from daemon.errors import BadRequest, NotFound, ServiceUnavailable
 from daemon.forward import Forwarder, PeerAnswer, PeerUnavailable
 from daemon.jobs import Job
 from daemon.journal import Journal, JournalError
-from daemon.sampling import Batch, BatchRequest, Sampler
+from daemon.sampling import Sampler
 from daemon.service import RolloutRequest, RolloutService, Submitted
 from daemon.trajectory import Trajectory
 from federation import is_forwarded

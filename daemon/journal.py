@@ -30,7 +30,7 @@ from daemon.jobs import Job
 from daemon.trajectory import ErrorInfo, Status, Trajectory
 
 if TYPE_CHECKING:
-    from daemon.sampling import Batch
+    from daemon.batch import Batch
 
 log = logging.getLogger(__name__)
 

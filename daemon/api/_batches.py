@@ -30,8 +30,8 @@ from daemon.api._http import (
     parse,
     query,
 )
+from daemon.batch import Batch, BatchRequest
 from daemon.front import Cancelled
-from daemon.sampling import Batch, BatchRequest
 from daemon.trajectory import Trajectory
 
 

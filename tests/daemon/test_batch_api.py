@@ -13,10 +13,10 @@ import trio
 
 from daemon import cli
 from daemon.api import BatchStatus, KeptGroup, create_app
+from daemon.batch import BatchRequest
 from daemon.client import AsyncClient, Client, RolloutdError
 from daemon.node import Node
 from daemon.pipeline import Services
-from daemon.sampling import BatchRequest
 from daemon.tasks.registry import TaskRegistry
 
 from .conftest import make_settings

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import trio
 
+from daemon.batch import BatchEnded
 from daemon.jobs import JobFinished
-from daemon.sampling import BatchEnded
 
 from .conftest import sleep_task
 from .test_sampling import equal, mixed

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import trio
 
+from daemon.batch import BatchEnded, BatchRequest, BatchState, GroupFilter, GroupState
 from daemon.errors import Draining, InvalidTask
 from daemon.node import Node
 from daemon.pipeline import Services
-from daemon.sampling import BatchEnded, BatchRequest, BatchState, GroupFilter, GroupState
 from daemon.tasks.base import Prompt, Reward, TaskHandler
 from daemon.tasks.registry import TaskRegistry
 from daemon.tasks.sleep import SleepTask

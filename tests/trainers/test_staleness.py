@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 import trio
 
+from daemon.batch import BatchRequest, BatchState
 from daemon.llm.chat import embedded_renderer
 from daemon.llm.pool import BackendPool
 from daemon.llm.scripted import ScriptedBackend
 from daemon.node import Node
 from daemon.pipeline import Services
-from daemon.sampling import BatchRequest, BatchState
 
 from ..daemon.conftest import make_settings
 
