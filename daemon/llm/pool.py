@@ -26,7 +26,7 @@ import itertools
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -58,7 +58,6 @@ class _Member:
     served: int = 0
     failures: int = 0
     last_error: str | None = None
-    probed_at: float | None = None
 
 
 @dataclass
@@ -70,7 +69,6 @@ class _Stats:
     retries: int = 0
     switches: int = 0
     errors: int = 0
-    by_reason: dict[str, int] = field(default_factory=dict)
 
 
 class BackendPool:
@@ -255,7 +253,6 @@ class BackendPool:
         elif not ok and m.healthy:
             log.warning("backend %s failed its health probe", m.id)
         m.healthy = ok
-        m.probed_at = trio.current_time()
 
     async def aclose(self) -> None:
         for m in list(self._members.values()):

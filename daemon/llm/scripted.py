@@ -23,9 +23,6 @@ from daemon.llm.chat import ChatRenderer
 
 LABEL = "scripted (test double)"
 
-Reply = str | Callable[[int, list[int]], str]
-
-
 def fake_logprob(token_id: int, position: int) -> float:
     """Deterministic, in (-3.01, -0.01]: lets tests check logprobs pass through untouched."""
     return -((token_id * 7919 + position * 104729) % 9973) / 9973.0 * 3.0 - 0.01

@@ -173,9 +173,6 @@ class TransformersBackend:
         self._load_lock = trio.Lock()
         self._limiter = trio.CapacityLimiter(1)
         self.max_model_len = 8192
-        self.generated_tokens = 0
-        self.generation_s = 0.0
-        self.weights_path: str | None = None
 
     async def load(self) -> None:
         """Load (converting and caching on the very first run, ~30 s) the model and tokenizer."""
@@ -213,8 +210,6 @@ class TransformersBackend:
             raise
         except RuntimeError as exc:  # a torch failure: this backend is not usable
             raise BackendUnavailable(f"{self.name}: {exc}") from exc
-        self.generated_tokens += len(result.ids)
-        self.generation_s += result.seconds
         return Completion(
             token_ids=result.ids,
             logprobs=result.logprobs,
@@ -238,9 +233,7 @@ class TransformersBackend:
             gen._past, gen._cache_ids = None, []
             return result
 
-        result = await trio.to_thread.run_sync(_reload, limiter=self._limiter)
-        self.weights_path = path
-        return result
+        return await trio.to_thread.run_sync(_reload, limiter=self._limiter)
 
     async def health(self) -> bool:
         await trio.lowlevel.checkpoint()

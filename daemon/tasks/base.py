@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, get_args
@@ -100,8 +100,6 @@ class TaskHandler(ABC):
         self, task: dict[str, Any], trajectory: Trajectory, ctx: EvalContext
     ) -> Reward: ...
 
-
-Hook = Callable[[], Awaitable[None]]
 
 
 def model_kind(model: type[BaseModel]) -> str | None:
