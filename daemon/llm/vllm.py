@@ -159,15 +159,20 @@ class VLLMBackend:
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
         )
 
-    async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+    async def _request(
+        self, method: str, path: str, *, what: str = "", rejected: type[BackendRejected] = BackendRejected,
+        **kw: Any,
+    ) -> httpx.Response:
+        """The server's answer; no answer or 5xx is BackendUnavailable, 4xx ``rejected``."""
+        where = f"{self.name}: {what}: " if what else f"{self.name}: "
         try:
             resp = await self._client.request(method, path, **kw)
         except httpx.TransportError as exc:
-            raise BackendUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+            raise BackendUnavailable(f"{where}{type(exc).__name__}: {exc}") from exc
         if resp.status_code >= 500:
-            raise BackendUnavailable(f"{self.name}: {error_text(resp)}")
+            raise BackendUnavailable(f"{where}{error_text(resp)}")
         if resp.status_code >= 400:
-            raise BackendRejected(f"{self.name}: {error_text(resp)}")
+            raise rejected(f"{where}{error_text(resp)}")
         return resp
 
     async def discover(self) -> str:
@@ -229,15 +234,11 @@ class ModelServerBackend(VLLMBackend):
         ``weights_version``. 4xx is :class:`WeightsError`; no answer or 5xx, :class:`BackendUnavailable`."""
         if not self.url:
             raise reload_unsupported(self)
-        try:
-            async with httpx.AsyncClient(base_url=self.url, timeout=RELOAD_HTTP_TIMEOUT_S) as http:
-                resp = await http.post("/v1/reload", json={"path": path, "partial": partial, "version": version})
-        except httpx.TransportError as exc:
-            raise BackendUnavailable(f"{self.name}: reload: {type(exc).__name__}: {exc}") from exc
-        if resp.status_code >= 500:
-            raise BackendUnavailable(f"{self.name}: reload: {error_text(resp)}")
-        if resp.status_code >= 400:
-            raise WeightsError(f"{self.name}: reload: {error_text(resp)}")
+        resp = await self._request(
+            "POST", "/v1/reload", what="reload", rejected=WeightsError,
+            json={"path": path, "partial": partial, "version": version},
+            timeout=httpx.Timeout(RELOAD_HTTP_TIMEOUT_S),
+        )
         return dict(resp.json())
 
 
