@@ -49,9 +49,6 @@ class InProcessNetwork:
         """Drop traffic between two members, both ways."""
         self._cut.add(frozenset((normalize_url(a), normalize_url(b))))
 
-    def heal(self) -> None:
-        self._cut.clear()
-
     def transport(self, source_url: str) -> httpx.AsyncBaseTransport:
         """The transport for the member at `source_url` (the source of its requests)."""
         return _Transport(self, normalize_url(source_url))

@@ -23,7 +23,6 @@ sandbox, removes its socket and exits with ``LIFETIME_EXIT``: the daemon tells t
 sandbox's end by that status, not by its own clock (sandbox/_sandbox.py).
 """
 
-import _signal as signal
 import _socket as socket
 import _struct as struct
 import errno
@@ -31,6 +30,30 @@ import os
 import select
 import sys
 import time
+
+#: ``typing.TYPE_CHECKING`` without importing ``typing`` (its imports cost start-up). The
+#: helper must run on Python >= 3.9 without ``from __future__ import annotations`` (one
+#: more import): annotations evaluated at run time (signatures, class bodies) name only
+#: builtins, the rest are strings.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import signal  # typeshed has no stubs for ``_signal``; ``signal`` re-exports it, typed
+    from collections.abc import Callable
+    from typing import Any, NoReturn, ParamSpec, TypeVar
+
+    from ptyprocess import PtyProcess
+
+    P = ParamSpec("P")
+    T = TypeVar("T")
+    #: A decoded JSON object: a request, or a reply before it is encoded.
+    Message = dict[str, Any]
+    #: What an ``op_`` handler answers at once: (message, blob, fds to pass); None when
+    #: the answer comes later (``wait``, ``run``).
+    Reply = tuple[Message, bytes, tuple[int, ...]]
+    #: What a registered fd stands for: (kind, Conn | Run | None), see ``Helper.serve``.
+    Event = tuple[str, Any]
+else:
+    import _signal as signal
 
 HEADER = struct.Struct(">II")
 CHUNK = 65536
@@ -55,7 +78,9 @@ class Codec:
     memo = None
     CONSTANTS = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
 
-    def __init__(self):
+    def __init__(self) -> None:
+        self.dumps: Callable[[Any], str]
+        self.loads: Callable[[str | bytes | bytearray], Any]
         try:
             import _json
 
@@ -63,10 +88,10 @@ class Codec:
             encoder = _json.make_encoder(None, self.default, _json.encode_basestring_ascii,
                                          None, ":", ",", False, False, True)
 
-            def dumps(obj):
+            def dumps(obj: object) -> str:
                 return "".join(encoder(obj, 0))
 
-            def loads(data):
+            def loads(data: "str | bytes | bytearray") -> "Any":
                 text = data.decode() if isinstance(data, (bytes, bytearray)) else data
                 obj, end = scan(text, len(text) - len(text.lstrip()))
                 if text[end:].strip():
@@ -80,13 +105,13 @@ class Codec:
         except Exception:  # any other interpreter: the package (slower to import)
             import json
 
-            self.dumps, self.loads = json.dumps, json.loads  # type: ignore[assignment]
+            self.dumps, self.loads = json.dumps, json.loads
 
-    def parse_constant(self, name):
+    def parse_constant(self, name: str) -> float:
         return self.CONSTANTS[name]
 
     @staticmethod
-    def default(obj):
+    def default(obj: object) -> "NoReturn":
         raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
 
 
@@ -97,16 +122,16 @@ class Poller:
     """The part of ``selectors`` the helper uses, over ``select.epoll``: fds and their data;
     ``select`` yields (fd, data) for each ready fd (errors and hang-ups count as ready)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.epoll = select.epoll()
-        self.data = {}
+        self.data: dict[int, Event] = {}
 
-    def register(self, fd, events, data):
+    def register(self, fd: "int | socket.socket", events: int, data: "Event") -> None:
         fd = fd if isinstance(fd, int) else fd.fileno()
         self.epoll.register(fd, events)
         self.data[fd] = data
 
-    def unregister(self, fd):
+    def unregister(self, fd: "int | socket.socket") -> None:
         fd = fd if isinstance(fd, int) else fd.fileno()
         del self.data[fd]
         try:
@@ -114,7 +139,7 @@ class Poller:
         except OSError:
             pass
 
-    def select(self, timeout):
+    def select(self, timeout: "float | None") -> "list[tuple[int, Event]]":
         events = self.epoll.poll(-1 if timeout is None else timeout)
         return [(fd, self.data[fd]) for fd, _ in events if fd in self.data]
 
@@ -126,13 +151,18 @@ PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
 CHILD_OOM_BONUS = 1000
 
 
-def prctl(option, arg):
+def prctl(option: int, arg: int) -> int:
     """``prctl(option, arg, 0, 0, 0)`` through ``_ctypes`` alone (~0.7 ms; the ``ctypes``
     package costs ~5 ms more through ``struct`` and ``ctypes._endian``): its errno, 0 when
     it succeeded."""
     import _ctypes
 
-    class Int(_ctypes._SimpleCData):
+    if TYPE_CHECKING:
+        SimpleInt = _ctypes._SimpleCData[int]
+    else:  # not subscriptable at run time
+        SimpleInt = _ctypes._SimpleCData
+
+    class Int(SimpleInt):
         _type_ = "i"
 
     class Function(_ctypes.CFuncPtr):
@@ -146,7 +176,7 @@ def prctl(option, arg):
     return 0 if call(option, arg, 0, 0, 0) == 0 else _ctypes.get_errno()
 
 
-def warn(text):
+def warn(text: str) -> None:
     """A line on the helper's stderr: a non-blocking pipe that the daemon reads (never a
     host file); a line that does not fit is dropped rather than waited for."""
     try:
@@ -155,7 +185,7 @@ def warn(text):
         pass
 
 
-def set_oom_score_adj(fd, value):
+def set_oom_score_adj(fd: int, value: int) -> None:
     try:
         os.write(fd, str(value).encode())
     except OSError as exc:
@@ -165,13 +195,13 @@ def set_oom_score_adj(fd, value):
 class Refused(Exception):
     """A request the helper will not carry out (sent back as an error of type ``kind``)."""
 
-    def __init__(self, kind, message, code=0):
+    def __init__(self, kind: str, message: str, code: int = 0) -> None:
         super().__init__(message)
         self.kind = kind
         self.code = code
 
 
-def exit_code(status):
+def exit_code(status: int) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
@@ -191,7 +221,7 @@ RESET_SIGNALS = tuple(sorted(set(signal.valid_signals()) - {signal.SIGKILL, sign
 IGNORED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ)
 
 
-def restore_signals():
+def restore_signals() -> None:
     for sig in RESET_SIGNALS:
         try:
             signal.signal(sig, signal.SIG_DFL)
@@ -200,7 +230,7 @@ def restore_signals():
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
-def own_signals(on_child):
+def own_signals(on_child: "Callable[..., object]") -> None:
     """The helper's own signal state, whatever it inherited (a daemon started with signals
     blocked or ignored passes them on): nothing blocked, ``on_child`` for SIGCHLD (it wakes
     the loop), the IGNORED_SIGNALS ignored, every other signal at its default. Only what
@@ -216,7 +246,7 @@ def own_signals(on_child):
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
-def scan_marked(marker, unsure=None):
+def scan_marked(marker: bytes, unsure: "list[int] | None" = None) -> "list[int]":
     """Pids whose initial environment carries ``marker`` (bytes, ``NAME=value``). Live
     processes whose environment reads empty go to ``unsure`` (a list) if given: a process
     in the middle of an execve shows none for a moment.
@@ -224,7 +254,7 @@ def scan_marked(marker, unsure=None):
     The one implementation of the marker scan: the helper runs it inside the sandbox, the
     daemon (sandbox/_backend.py) on the host, in a worker thread (it reads all of /proc)."""
     me = os.getpid()
-    found: list = []
+    found: list[int] = []
     try:
         names = os.listdir("/proc")
     except OSError:
@@ -244,7 +274,7 @@ def scan_marked(marker, unsure=None):
     return found
 
 
-def is_zombie(pid):
+def is_zombie(pid: "int | str") -> bool:
     try:
         with open("/proc/" + str(pid) + "/stat", "rb") as f:
             return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
@@ -252,11 +282,11 @@ def is_zombie(pid):
         return True
 
 
-def kill_marked(marker, rounds=4):
+def kill_marked(marker: bytes, rounds: int = 4) -> None:
     """SIGKILL every process carrying ``marker``; repeat while new ones keep turning up,
     or while some process's environment could not be seen yet (mid-execve)."""
     for _ in range(rounds):
-        unsure: list = []
+        unsure: list[int] = []
         pids = scan_marked(marker, unsure)
         if not pids and not unsure:
             return
@@ -269,7 +299,7 @@ def kill_marked(marker, rounds=4):
             time.sleep(0.001)  # let an execve finish before looking again
 
 
-def killpg(pgid, sig=signal.SIGKILL):
+def killpg(pgid: int, sig: int = signal.SIGKILL) -> None:
     try:
         os.killpg(pgid, sig)
     except OSError:
@@ -279,7 +309,7 @@ def killpg(pgid, sig=signal.SIGKILL):
 class Capture:
     """Bounded head+tail capture of one stream; the middle is counted, not kept."""
 
-    def __init__(self, limit):
+    def __init__(self, limit: int) -> None:
         self.head_max = limit // 2
         self.tail_max = limit - self.head_max
         self.head = bytearray()
@@ -287,7 +317,7 @@ class Capture:
         self.total = 0
         self.closed = False
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> None:
         self.total += len(data)
         room = self.head_max - len(self.head)
         if room > 0:
@@ -299,10 +329,10 @@ class Capture:
                 del self.tail[: len(self.tail) - self.tail_max]
 
     @property
-    def truncated(self):
+    def truncated(self) -> bool:
         return self.total > self.head_max + self.tail_max
 
-    def value(self):
+    def value(self) -> bytes:
         if not self.truncated:
             return bytes(self.head + self.tail)
         tail = self.tail[-self.tail_max :] if self.tail_max else b""
@@ -312,19 +342,21 @@ class Capture:
 
 
 class Proc:
-    def __init__(self, pid, pty=None):
+    def __init__(self, pid: int, pty: "PtyProcess | None" = None) -> None:
         self.pid = pid
         self.pgid = pid
         self.pty = pty  # the ptyprocess object (kept so it never closes our master)
-        self.returncode = None
-        self.waiters = []
-        self.run = None
+        self.returncode: int | None = None
+        self.waiters: list[Conn] = []
+        self.run: Run | None = None
 
 
 class Run:
     """A ``run`` request in progress: pipes, capture, deadline, the connection to answer."""
 
-    def __init__(self, conn, proc, marker, out, err, stdin_fd, stdin_data, deadline, limit):
+    def __init__(self, conn: "Conn | None", proc: Proc, marker: bytes, out: int, err: int,
+                 stdin_fd: "int | None", stdin_data: bytes, deadline: float,
+                 limit: int) -> None:
         self.conn = conn
         self.proc = proc
         self.marker = marker
@@ -333,41 +365,42 @@ class Run:
         self.stdin_fd = stdin_fd
         self.stdin_data = memoryview(stdin_data)
         self.deadline = deadline
-        self.drain_deadline = None
+        self.drain_deadline: float | None = None
         self.timed_out = False
         self.started = time.monotonic()
 
 
 class Conn:
-    def __init__(self, sock):
+    def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buf = bytearray()
-        self.pending = None  # ("wait", Proc) | ("run", Run)
+        self.pending: tuple[str, Any] | None = None  # ("wait", Proc) | ("run", Run)
 
 
 class Helper:
-    def __init__(self, cfg):
+    def __init__(self, cfg: "Message") -> None:
         self.cfg = cfg
-        self.sock_path = cfg["socket"]
-        self.workdir = cfg["workdir"]
-        self.env = dict(cfg.get("env", {}))
-        self.marker_name = cfg.get("marker_name", "ROLLOUTD_SANDBOX")
-        self.marker_value = cfg.get("marker_value", "")
+        self.sock_path: str = cfg["socket"]
+        self.workdir: str = cfg["workdir"]
+        self.env: dict[str, str] = dict(cfg.get("env", {}))
+        self.marker_name: str = cfg.get("marker_name", "ROLLOUTD_SANDBOX")
+        self.marker_value: str = cfg.get("marker_value", "")
         self.roots = [os.path.realpath(r) for r in cfg.get("roots", [self.workdir])]
-        self.cwd = None  # the workdir once the helper is in it
-        self.procs = {}
-        self.exited = {}
-        self.runs = []
+        self.cwd: str | None = None  # the workdir once the helper is in it
+        self.procs: dict[int, Proc] = {}
+        self.exited: dict[int, int] = {}
+        self.runs: list[Run] = []
         self.run_seq = 0
         self.sel = Poller()
         self.stopping = False
         self.exit_status = 0
-        self.oom_fd, self.oom, self.child_oom = None, 0, 0  # see protect()
+        self.oom_fd: int | None  # see protect()
+        self.oom_fd, self.oom, self.child_oom = None, 0, 0
         lifetime = cfg.get("lifetime_s")
         self.expires = None if lifetime is None else time.monotonic() + float(lifetime)
 
     # ----- start-up --------------------------------------------------------------------
-    def start(self):
+    def start(self) -> None:
         try:  # bwrap starts us there already; local in the sandbox's dir
             os.chdir(self.workdir)
             self.cwd = self.workdir
@@ -397,7 +430,7 @@ class Helper:
         os.close(null)
         self.protect()  # after READY (off the open's path), before any sandbox process exists
 
-    def protect(self):
+    def protect(self) -> None:
         """What no process of the sandbox may do to the helper. Not dumpable: tracing it,
         reading its memory or environment and opening its fds through /proc/1/fd then take
         CAP_SYS_PTRACE, which nothing inside has (its fds hold nothing of the host anyway:
@@ -416,7 +449,7 @@ class Helper:
         if err:
             warn(f"PR_SET_DUMPABLE: {os.strerror(err)}")
 
-    def as_parent(self, start, *args, **kwargs):
+    def as_parent(self, start: "Callable[P, T]", *args: "P.args", **kwargs: "P.kwargs") -> "T":
         """``start(*args, **kwargs)``, which starts a process, with the helper's
         oom_score_adj raised to its children's meanwhile, so that what it starts inherits
         that from the first instruction on (posix_spawn has no hook before the exec); then
@@ -429,7 +462,7 @@ class Helper:
         finally:
             set_oom_score_adj(self.oom_fd, self.oom)
 
-    def apply_rlimits(self, limits):
+    def apply_rlimits(self, limits: "dict[str, int]") -> None:
         if not limits:
             return
         import resource
@@ -445,13 +478,13 @@ class Helper:
             except (ValueError, OSError) as exc:
                 warn(f"setrlimit {name}={value} failed: {exc}")
 
-    def set_parent_death(self):
+    def set_parent_death(self) -> None:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != self.cfg["parent_death"]:
             os._exit(1)
 
     # ----- main loop -------------------------------------------------------------------
-    def serve(self):
+    def serve(self) -> None:
         while not self.stopping:
             timeout = self.next_timeout()
             for fd, (kind, obj) in self.sel.select(timeout):
@@ -473,7 +506,7 @@ class Helper:
                 self.exit_status = LIFETIME_EXIT
         self.kill_all()
 
-    def next_timeout(self):
+    def next_timeout(self) -> "float | None":
         now = time.monotonic()
         soonest = self.expires
         for run in self.runs:
@@ -484,7 +517,7 @@ class Helper:
             return None
         return max(0.0, soonest - now)
 
-    def accept(self):
+    def accept(self) -> None:
         while True:
             try:
                 fd, _ = self.listener._accept()  # type: ignore[attr-defined]  # accept4, CLOEXEC
@@ -495,14 +528,14 @@ class Helper:
             conn = Conn(sock)
             self.sel.register(sock, READ, ("conn", conn))
 
-    def drain_wakeups(self):
+    def drain_wakeups(self) -> None:
         try:
             while os.read(self.wake_r, 4096):
                 pass
         except (BlockingIOError, InterruptedError):
             pass
 
-    def on_readable(self, conn):
+    def on_readable(self, conn: Conn) -> None:
         try:
             data = conn.sock.recv(CHUNK)
         except (BlockingIOError, InterruptedError):
@@ -525,7 +558,7 @@ class Helper:
         conn.buf = bytearray()
         self.dispatch(conn, req, blob)
 
-    def dispatch(self, conn, req, blob):
+    def dispatch(self, conn: Conn, req: "Message", blob: bytes) -> None:
         op = req.get("op")
         handler = getattr(self, "op_" + str(op), None)
         try:
@@ -548,7 +581,8 @@ class Helper:
             msg, out_blob, fds = result
             self.reply(conn, msg, out_blob, fds)
 
-    def reply(self, conn, msg, blob=b"", fds=()):
+    def reply(self, conn: Conn, msg: "Message", blob: bytes = b"",
+              fds: "tuple[int, ...]" = ()) -> None:
         if "ok" not in msg:
             msg = dict(msg, ok=True)
         body = json.dumps(msg).encode()
@@ -569,7 +603,7 @@ class Helper:
                 os.close(fd)
         self.drop(conn)
 
-    def drop(self, conn):
+    def drop(self, conn: Conn) -> None:
         pending, conn.pending = conn.pending, None
         if pending is not None:
             kind, obj = pending
@@ -584,7 +618,7 @@ class Helper:
         conn.sock.close()
 
     # ----- processes -------------------------------------------------------------------
-    def child_env(self, extra, marker=None):
+    def child_env(self, extra: "Message | None", marker: "str | None" = None) -> "dict[str, str]":
         env = dict(self.env)
         if extra:
             env.update({str(k): str(v) for k, v in extra.items()})
@@ -594,12 +628,13 @@ class Helper:
             env[name] = value
         return env
 
-    def resolve_cwd(self, cwd):
+    def resolve_cwd(self, cwd: "str | None") -> str:
         if not cwd:
             return self.workdir
         return cwd if os.path.isabs(cwd) else os.path.join(self.workdir, cwd)
 
-    def fork_exec(self, argv, env, cwd, fd0, fd1, fd2):
+    def fork_exec(self, argv: "list[str]", env: "dict[str, str]", cwd: str, fd0: int, fd1: int,
+                  fd2: int) -> int:
         program = which(argv[0], env.get("PATH"), cwd)
         if cwd == self.cwd and same_dir(".", cwd):
             # posix_spawn: vfork and exec, no copy of our page tables (~0.4 ms less per
@@ -650,7 +685,8 @@ class Helper:
             raise Refused("SpawnError", text, int(code) if code.isdigit() else 0)
         return pid
 
-    def spawn_pipes(self, argv, env, cwd, stdin_null=False, merge=False):
+    def spawn_pipes(self, argv: "list[str]", env: "dict[str, str]", cwd: str, stdin_null: bool = False,
+                    merge: bool = False) -> "tuple[Proc, int | None, int, int | None]":
         if stdin_null:
             in_r, in_w = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), None
         else:
@@ -670,10 +706,10 @@ class Helper:
         self.procs[pid] = proc
         return proc, in_w, out_r, err_r
 
-    def op_ping(self, conn, req, blob):
+    def op_ping(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
         return {"pid": os.getpid(), "python": sys.version.split()[0]}, b"", ()
 
-    def op_spawn(self, conn, req, blob):
+    def op_spawn(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
         argv = [str(a) for a in req["argv"]]
         if not argv:
             raise Refused("BadRequest", "empty argv")
@@ -692,9 +728,10 @@ class Helper:
             self.procs[pty.pid] = proc
             return {"pid": pty.pid}, b"", (os.dup(pty.fd),)
         proc, in_w, out_r, _ = self.spawn_pipes(argv, env, cwd, merge=True)  # stderr -> stdout
+        assert in_w is not None  # stdin is a pipe: not stdin_null
         return {"pid": proc.pid}, b"", (in_w, out_r)
 
-    def op_wait(self, conn, req, blob):
+    def op_wait(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
         pid = int(req["pid"])
         proc = self.procs.get(pid)
         if proc is None:
@@ -705,13 +742,13 @@ class Helper:
         conn.pending = ("wait", proc)
         return None
 
-    def is_ours(self, pid):
+    def is_ours(self, pid: int) -> bool:
         if pid in self.procs:
             return True
         marker = (f"{self.marker_name}={self.marker_value}").encode()
         return pid in scan_marked(marker)
 
-    def op_signal(self, conn, req, blob):
+    def op_signal(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
         pid, sig, group = int(req["pid"]), int(req["sig"]), bool(req.get("group", True))
         if pid <= 0 or not self.is_ours(pid):
             raise Refused("NoSuchProcess", f"pid {pid} is not a process of this sandbox", errno.ESRCH)
@@ -735,7 +772,7 @@ class Helper:
                 killpg(pgid, sig)
         return {"groups": sorted(pgids)}, b"", ()
 
-    def op_run(self, conn, req, blob):
+    def op_run(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
         argv = [str(a) for a in req["argv"]]
         if not argv:
             raise Refused("BadRequest", "empty argv")
@@ -745,6 +782,7 @@ class Helper:
         cwd = self.resolve_cwd(req.get("cwd"))
         has_stdin = bool(req.get("stdin"))
         proc, in_w, out_r, err_r = self.spawn_pipes(argv, env, cwd, stdin_null=not has_stdin)
+        assert err_r is not None  # a pipe of its own: not merge
         for fd in (out_r, err_r):
             os.set_blocking(fd, False)
         if in_w is not None:
@@ -765,7 +803,8 @@ class Helper:
                 run.stdin_fd = None
         return None
 
-    def on_stdin(self, run):
+    def on_stdin(self, run: Run) -> None:
+        assert run.stdin_fd is not None  # registered only while open (close_stdin)
         try:
             n = os.write(run.stdin_fd, run.stdin_data[:CHUNK])
             run.stdin_data = run.stdin_data[n:]
@@ -776,7 +815,7 @@ class Helper:
         if not run.stdin_data:
             self.close_stdin(run)
 
-    def close_stdin(self, run):
+    def close_stdin(self, run: Run) -> None:
         if run.stdin_fd is not None:
             try:
                 self.sel.unregister(run.stdin_fd)
@@ -785,7 +824,7 @@ class Helper:
             os.close(run.stdin_fd)
             run.stdin_fd = None
 
-    def on_pipe(self, run, fd):
+    def on_pipe(self, run: Run, fd: int) -> None:
         try:
             data = os.read(fd, CHUNK)
         except (BlockingIOError, InterruptedError):
@@ -799,14 +838,14 @@ class Helper:
         os.close(fd)
         run.fds[fd].closed = True
 
-    def run_pipes_open(self, run):
+    def run_pipes_open(self, run: Run) -> "list[int]":
         return [fd for fd, cap in run.fds.items() if not cap.closed]
 
-    def kill_run_tree(self, run):
+    def kill_run_tree(self, run: Run) -> None:
         killpg(run.proc.pgid)
         kill_marked(run.marker)
 
-    def check_runs(self):
+    def check_runs(self) -> None:
         now = time.monotonic()
         for run in list(self.runs):
             if run.proc.returncode is None and now >= run.deadline and not run.timed_out:
@@ -823,7 +862,7 @@ class Helper:
                 continue
             self.finish_run(run)
 
-    def finish_run(self, run):
+    def finish_run(self, run: Run) -> None:
         self.runs.remove(run)
         for fd in self.run_pipes_open(run):
             self.sel.unregister(fd)
@@ -841,13 +880,13 @@ class Helper:
             conn.pending = None
             self.reply(conn, msg, stdout + stderr)
 
-    def cancel_run(self, run):
+    def cancel_run(self, run: Run) -> None:
         run.conn = None
         if run.proc.returncode is None:
             run.timed_out = True
             self.kill_run_tree(run)
 
-    def reap(self):
+    def reap(self) -> None:
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -873,12 +912,12 @@ class Helper:
                 self.reply(conn, {"returncode": proc.returncode})
             proc.waiters = []
 
-    def op_shutdown(self, conn, req, blob):
+    def op_shutdown(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
         self.stopping = True
         self.kill_all()
         return {}, b"", ()
 
-    def kill_all(self):
+    def kill_all(self) -> None:
         for proc in list(self.procs.values()):
             killpg(proc.pgid)
             try:
@@ -888,33 +927,33 @@ class Helper:
         kill_marked((f"{self.marker_name}={self.marker_value}").encode())
 
     # ----- files -----------------------------------------------------------------------
-    def absolute(self, path):
+    def absolute(self, path: object) -> str:
         if not isinstance(path, str) or not path or "\0" in path:
             raise Refused("BadRequest", f"invalid path {path!r}")
         return os.path.normpath(path if os.path.isabs(path) else os.path.join(self.workdir, path))
 
-    def within(self, real):
+    def within(self, real: str) -> bool:
         return any(real == root or real.startswith(root.rstrip("/") + "/") for root in self.roots)
 
-    def resolve(self, path):
+    def resolve(self, path: object) -> str:
         """The real path of ``path``, which must stay within the roots."""
         real = os.path.realpath(self.absolute(path))
         if not self.within(real):
             raise Refused("PathEscape", "{} resolves to {}, outside {}".format(path, real, ", ".join(self.roots)), errno.EACCES)
         return real
 
-    def check_fd(self, fd, path):
+    def check_fd(self, fd: int, path: object) -> int:
         real = os.readlink(f"/proc/self/fd/{fd}")
         if not self.within(real):
             os.close(fd)
             raise Refused("PathEscape", f"{path} moved outside the sandbox roots", errno.EACCES)
         return fd
 
-    def open_dir(self, real, path):
+    def open_dir(self, real: str, path: object) -> int:
         fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         return self.check_fd(fd, path)
 
-    def parent_fd(self, path, follow_last):
+    def parent_fd(self, path: object, follow_last: bool) -> "tuple[int, str]":
         """(dir fd, final name) for ``path``: the parent is resolved and checked."""
         ab = self.absolute(path)
         if follow_last:
@@ -925,7 +964,7 @@ class Helper:
         real_parent = self.resolve(parent)
         return self.open_dir(real_parent, path), name
 
-    def op_read_file(self, conn, req, blob):
+    def op_read_file(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
         path = req["path"]
         real = self.resolve(path)
         fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -948,7 +987,7 @@ class Helper:
             os.close(fd)
         return {"size": st.st_size}, b"".join(chunks), ()
 
-    def op_write_file(self, conn, req, blob):
+    def op_write_file(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
         dfd, name = self.parent_fd(req["path"], follow_last=True)
         try:
             mode = req.get("mode")
@@ -970,10 +1009,10 @@ class Helper:
             os.close(dfd)
         return {}, b"", ()
 
-    def op_list_dir(self, conn, req, blob):
+    def op_list_dir(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
         path = req["path"]
         fd = self.open_dir(self.resolve(path), path)
-        entries = []
+        entries: list[Message] = []
         try:
             with os.scandir(fd) as it:
                 for entry in it:
@@ -989,7 +1028,7 @@ class Helper:
         entries.sort(key=lambda e: e["name"])
         return {"entries": entries}, b"", ()
 
-    def op_stat(self, conn, req, blob):
+    def op_stat(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
         path = req["path"]
         real = self.resolve(path)
         try:
@@ -999,7 +1038,7 @@ class Helper:
         return {"stat": {"path": real, "type": file_type(st.st_mode), "size": st.st_size,
                          "mode": st.st_mode & 0o7777, "mtime": st.st_mtime}}, b"", ()
 
-    def op_mkdir(self, conn, req, blob):
+    def op_mkdir(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
         path = req["path"]
         real = self.resolve(path)
         parts = []
@@ -1028,7 +1067,7 @@ class Helper:
             os.close(fd)
         return {}, b"", ()
 
-    def op_remove(self, conn, req, blob):
+    def op_remove(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
         path = req["path"]
         dfd, name = self.parent_fd(path, follow_last=False)
         try:
@@ -1044,14 +1083,14 @@ class Helper:
         return {}, b"", ()
 
 
-def same_dir(a, b):
+def same_dir(a: str, b: str) -> bool:
     try:
         return os.path.samestat(os.stat(a), os.stat(b))
     except OSError:
         return False
 
 
-def which(name, path, cwd):
+def which(name: str, path: "str | None", cwd: str) -> str:
     """The program ``execvpe`` would run for ``name``, found here rather than in the forked
     child (``os.execvpe`` imports ``warnings`` there: ~2 ms per spawn). A name with a
     slash is taken as it is (relative to ``cwd``); one not found raises ENOENT, one
@@ -1072,7 +1111,7 @@ def which(name, path, cwd):
     raise Refused("SpawnError", f"[Errno 2] No such file or directory: {name!r}", errno.ENOENT)
 
 
-def file_type(mode):
+def file_type(mode: int) -> str:
     kind = mode & 0o170000
     if kind == 0o100000:
         return "file"
@@ -1083,7 +1122,7 @@ def file_type(mode):
     return "other"
 
 
-def main():
+def main() -> None:
     # stdin is the launcher's pipe, or closed (bwrap closes the fd it read its options
     # from): /dev/null there before any fd is made, or the next one would be fd 0.
     null = os.open(os.devnull, os.O_RDONLY)

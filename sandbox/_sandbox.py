@@ -178,12 +178,3 @@ class Sandbox:
     async def remove(self, path: str) -> None:
         """Remove a file, a symlink (not its target) or a directory tree."""
         await self._call("remove", {"path": path})
-
-    # ----- used by backends ------------------------------------------------------------
-    async def _shutdown_helper(self) -> None:
-        """Ask the helper to kill every process of the sandbox (best effort)."""
-        try:
-            await self._client.call("shutdown")
-        except (SandboxError, OSError):
-            pass
-

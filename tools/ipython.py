@@ -183,7 +183,6 @@ class _KernelThread:
         msg_id = ""
         replied = idle = False
         iopub_live = False
-        info_sent_at = 0
         while not self._stop:
             if req is None:
                 try:
@@ -200,7 +199,6 @@ class _KernelThread:
                             "stop_on_error": True})
                     else:
                         msg = session.send(shell, "kernel_info_request", {})
-                        info_sent_at = 0
                     assert msg is not None
                     msg_id = msg["header"]["msg_id"]
             events = dict(poller.poll(POLL_MS if req is None or req.kind == "execute" else 50))
@@ -210,7 +208,7 @@ class _KernelThread:
             if not events:
                 trio.from_thread.check_cancelled()
                 if req is not None and req.kind == "ready" and not iopub_live:
-                    info_sent_at += 1  # nudge until the iopub subscription is live
+                    # nudge until the iopub subscription is live
                     session.send(shell, "kernel_info_request", {})
             while _readable(shell):
                 _, reply = session.recv(shell, mode=zmq.NOBLOCK)
