@@ -111,7 +111,7 @@ __all__ = [
 def __getattr__(name: str) -> _typing.Any:
     module = _WHERE.get(name)
     if module is None:
-        raise AttributeError(f"module 'daemon' has no attribute {name!r}")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(_importlib.import_module(module), name)
     globals()[name] = value
     return value

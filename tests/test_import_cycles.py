@@ -40,8 +40,9 @@ def _ours(name: str, modules: dict[str, Path]) -> str | None:
     """The module of ours that ``name`` names (namespace prefix stripped), else None."""
     if name.startswith(NAMESPACE):
         name = name[len(NAMESPACE):]
-    if name.startswith("contrib.trainers"):
-        name = name[len("contrib."):]
+    first, _, rest = name.partition(".")
+    if first == "contrib":  # contrib/trainers, imported from a checkout
+        name = rest
     return name if name in modules else None
 
 

@@ -13,9 +13,7 @@ from pathlib import Path
 import pytest
 
 import daemon
-import daemon.api
-import daemon.llm
-import daemon.tasks
+from daemon import api, llm, tasks
 from daemon.errors import DaemonError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,7 +52,7 @@ def _public(module: types.ModuleType) -> set[str]:
 
 
 @pytest.mark.parametrize(("module", "expected"),
-                         [(daemon.api, API), (daemon.llm, LLM), (daemon.tasks, TASKS)])
+                         [(api, API), (llm, LLM), (tasks, TASKS)])
 def test_all_is_exactly_the_public_api(module: types.ModuleType, expected: set[str]) -> None:
     assert set(module.__all__) == expected
     for name in module.__all__:
@@ -71,7 +69,9 @@ def test_daemon_all_is_exactly_the_public_api_and_loads_lazily() -> None:
     with pytest.raises(AttributeError):
         daemon.nothing_here  # noqa: B018
     # the client does not load the server's dependencies
-    code = "import sys, daemon; daemon.Client; print('quart' in sys.modules, 'daemon.node' in sys.modules)"
+    name = daemon.__name__
+    code = (f"import importlib, sys; importlib.import_module({name!r}).Client; "
+            f"print('quart' in sys.modules, {name + '.node'!r} in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=REPO).stdout.split()
     assert out == ["False", "False"]
@@ -81,11 +81,11 @@ def _error_classes() -> list[type[BaseException]]:
     """Every exception class defined in daemon/ (found in the source, then imported)."""
     found = []
     for path in sorted((REPO / "daemon").rglob("*.py")):
-        rel = path.relative_to(REPO).with_suffix("")
-        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        rel = path.relative_to(REPO / "daemon").with_suffix("")
+        name = ".".join([daemon.__name__, *(rel.parts[:-1] if rel.name == "__init__" else rel.parts)])
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.ClassDef):
-                module = importlib.import_module(name.replace("/", "."))
+                module = importlib.import_module(name)
                 cls = getattr(module, node.name)
                 if isinstance(cls, type) and issubclass(cls, BaseException):
                     found.append(cls)
