@@ -283,9 +283,10 @@ class AsyncClient:
                 if not resp.is_success:
                     await resp.aread()
                     _check(resp)
-                async for line in resp.aiter_lines():
-                    if line.strip():
-                        yield Trajectory.model_validate(json.loads(line))
+                async with aclosing(resp.aiter_lines()) as lines:
+                    async for line in lines:
+                        if line.strip():
+                            yield Trajectory.model_validate(json.loads(line))
         except httpx.HTTPError as exc:
             raise _unreachable(exc) from exc
 
@@ -331,9 +332,10 @@ class AsyncClient:
                 if not resp.is_success:
                     await resp.aread()
                     _check(resp)
-                async for line in resp.aiter_lines():
-                    if line.strip():
-                        yield _batch_group(line, prompts)
+                async with aclosing(resp.aiter_lines()) as lines:
+                    async for line in lines:
+                        if line.strip():
+                            yield _batch_group(line, prompts)
         except httpx.HTTPError as exc:
             raise _unreachable(exc) from exc
 
