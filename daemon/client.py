@@ -283,7 +283,8 @@ class AsyncClient:
                 if not resp.is_success:
                     await resp.aread()
                     _check(resp)
-                async with aclosing(resp.aiter_lines()) as lines:
+                # typed AsyncIterator by httpx, an async generator at run time: close it
+                async with aclosing(resp.aiter_lines()) as lines:  # type: ignore[type-var]
                     async for line in lines:
                         if line.strip():
                             yield Trajectory.model_validate(json.loads(line))
@@ -332,7 +333,8 @@ class AsyncClient:
                 if not resp.is_success:
                     await resp.aread()
                     _check(resp)
-                async with aclosing(resp.aiter_lines()) as lines:
+                # typed AsyncIterator by httpx, an async generator at run time: close it
+                async with aclosing(resp.aiter_lines()) as lines:  # type: ignore[type-var]
                     async for line in lines:
                         if line.strip():
                             yield _batch_group(line, prompts)
