@@ -284,9 +284,11 @@ class AsyncClient:
                 if not resp.is_success:
                     await resp.aread()
                     _check(resp)
-                async for line in resp.aiter_lines():
-                    if line.strip():
-                        yield Trajectory.model_validate(json.loads(line))
+                # typed AsyncIterator by httpx, an async generator at run time: close it
+                async with aclosing(resp.aiter_lines()) as lines:  # type: ignore[type-var]
+                    async for line in lines:
+                        if line.strip():
+                            yield Trajectory.model_validate(json.loads(line))
         except httpx.HTTPError as exc:
             raise _unreachable(exc) from exc
 
@@ -332,9 +334,11 @@ class AsyncClient:
                 if not resp.is_success:
                     await resp.aread()
                     _check(resp)
-                async for line in resp.aiter_lines():
-                    if line.strip():
-                        yield _batch_group(line, prompts)
+                # typed AsyncIterator by httpx, an async generator at run time: close it
+                async with aclosing(resp.aiter_lines()) as lines:  # type: ignore[type-var]
+                    async for line in lines:
+                        if line.strip():
+                            yield _batch_group(line, prompts)
         except httpx.HTTPError as exc:
             raise _unreachable(exc) from exc
 

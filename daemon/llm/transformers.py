@@ -73,11 +73,26 @@ def process_logits(logits: Any, params: SamplingParams, seen: Any) -> Any:
     return x
 
 
+def cache_keyword(model: Any) -> str:
+    """The name of ``model.forward``'s KV-cache argument: ``cache`` since transformers 5.x
+    renamed ``past_key_values`` (the old name warns), ``past_key_values`` before."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def returned_cache(out: Any) -> Any:
+    """The KV cache of a forward pass's output, under either name (see ``cache_keyword``)."""
+    cache = getattr(out, "cache", None)
+    return out.past_key_values if cache is None else cache
+
+
 class _Generator:
     """The model and its prefix cache; only ever used by one thread at a time."""
 
     def __init__(self, model: Any, eos_ids: Sequence[int]) -> None:
         self.model = model
+        self._cache_kw = cache_keyword(model)
         self.eos_ids = set(eos_ids)
         self._cache_ids: list[int] = []
         self._past: Any = None
@@ -108,8 +123,8 @@ class _Generator:
         self._past = None
         self._cache_ids = []
         inp = torch.tensor([prompt[common:]], dtype=torch.long)
-        out = self.model(input_ids=inp, past_key_values=past, use_cache=True)
-        self._past = out.past_key_values
+        out = self.model(input_ids=inp, **{self._cache_kw: past}, use_cache=True)
+        self._past = returned_cache(out)
         self._cache_ids = list(prompt)
         return out.logits[0, -1], common
 
@@ -146,8 +161,8 @@ class _Generator:
                 if len(ids) >= max_tokens:
                     break
                 seen = torch.cat([seen, torch.tensor([tid])])
-                out = self.model(input_ids=torch.tensor([[tid]]), past_key_values=self._past, use_cache=True)
-                self._past = out.past_key_values
+                out = self.model(input_ids=torch.tensor([[tid]]), **{self._cache_kw: self._past}, use_cache=True)
+                self._past = returned_cache(out)
                 self._cache_ids.append(tid)
                 logits = out.logits[0, -1]
         return _Result(ids, lps, finish, cached, time.monotonic() - t0)

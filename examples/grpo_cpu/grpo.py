@@ -13,6 +13,7 @@ as a full forward pass per sequence (the gradient flows through the shared prefi
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,13 +62,17 @@ def masked_logprobs(
     cache = None
     if prefix > 0:
         out = base(input_ids=torch.tensor([list(token_ids[0][:prefix])]), use_cache=True)
-        cache = out.past_key_values
+        cache = getattr(out, "cache", None)  # transformers 5.x; past_key_values before
+        if cache is None:
+            cache = out.past_key_values
         cache.batch_repeat_interleave(len(token_ids))
     width = max(len(s) for s in token_ids) - prefix
     rows = [list(s[prefix:]) + [0] * (width - (len(s) - prefix)) for s in token_ids]
     positions = torch.arange(prefix, prefix + width).expand(len(rows), width)
     # Right padding: real tokens never attend to the pads after them, so no mask is needed.
-    hidden = base(input_ids=torch.tensor(rows), past_key_values=cache, position_ids=positions,
+    # transformers 5.x renamed forward's past_key_values to cache (the old name warns)
+    cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    hidden = base(input_ids=torch.tensor(rows), **{cache_kw: cache}, position_ids=positions,
                   use_cache=cache is not None).last_hidden_state
     out_list = []
     for b, (ids, mask, lps) in enumerate(zip(token_ids, loss_masks, stored, strict=True)):

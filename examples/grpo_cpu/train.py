@@ -131,6 +131,8 @@ def servers(out: Path, *, threads: int) -> Iterator[str]:
     finally:
         for p in reversed(procs):
             _stop(p)
+            if p.stdout is not None:
+                p.stdout.close()
         logs.close()
 
 

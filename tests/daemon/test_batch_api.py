@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import aclosing
 from typing import Any
 
 import httpx
@@ -165,8 +166,9 @@ async def test_client_disconnect(served, cancel_on_disconnect):
     async with AsyncClient(served.urls[0], token="tok") as c:
         created = await c.create_batch(prompts, group_size=2, keep=3, **options)
         assert created["cancel_on_disconnect"] is cancel_on_disconnect
-        async for first in c.batch_groups(created["id"]):
-            break  # leave after the first kept group: the stream is closed
+        async with aclosing(c.batch_groups(created["id"])) as groups:
+            async for first in groups:
+                break  # leave after the first kept group: the stream is closed
         assert first.prompt_index == 0
         st = await wait_state(served, created["id"])
         if cancel_on_disconnect:
@@ -192,8 +194,9 @@ async def test_two_readers_one_leaves(served):
                 full.extend([g.prompt_index async for g in c.batch_groups(created["id"])])
 
             nursery.start_soon(read_all)
-            async for _ in c.batch_groups(created["id"]):
-                break
+            async with aclosing(c.batch_groups(created["id"])) as groups:
+                async for _ in groups:
+                    break
         st = await wait_state(served, created["id"])
         assert st["state"] == "completed" and len(full) == 3  # the other reader kept it alive
 

@@ -119,7 +119,8 @@ def test_serve_started_with_signals_blocked_still_drains_on_sigterm(tmp_path):
                 except httpx.HTTPError:
                     pass
                 time.sleep(0.1)
-        status = open(f"/proc/{proc.pid}/status").read()
+        with open(f"/proc/{proc.pid}/status") as f:
+            status = f.read()
         assert "SigBlk:\t0000000000000000" in status, status
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
