@@ -19,8 +19,11 @@ $(VENV)/.embedded: pyproject.toml | $(BIN)/python
 	$(PIP) install -e '.[embedded]'
 	touch $@
 
+# python-daemon's wheel (import name `daemon`, like our daemon/ dir before it became
+# rolloutd.daemon) for tests/test_packaging.py, which installs both offline.
 $(VENV)/.dev: pyproject.toml $(VENV)/.embedded
 	$(PIP) install -e '.[dev]'
+	$(PIP) download --no-deps --only-binary=:all: python-daemon -d $(VENV)/wheelhouse
 	touch $@
 
 $(VENV)/.bench: pyproject.toml $(VENV)/.dev

@@ -27,11 +27,11 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from daemon.client import AsyncClient  # noqa: E402
-from daemon.config import Settings  # noqa: E402
-from daemon.node import Node  # noqa: E402
-from daemon.pipeline import Services  # noqa: E402
-from daemon.service import RolloutRequest  # noqa: E402
+from rolloutd.daemon.client import AsyncClient  # noqa: E402
+from rolloutd.daemon.config import Settings  # noqa: E402
+from rolloutd.daemon.node import Node  # noqa: E402
+from rolloutd.daemon.pipeline import Services  # noqa: E402
+from rolloutd.daemon.service import RolloutRequest  # noqa: E402
 
 UNIT_S = 0.05
 WORKERS = 4
@@ -92,7 +92,7 @@ async def overhead() -> tuple[float, float, int]:
         env = dict(os.environ, ROLLOUTD_STATE_DIR=tmp, ROLLOUTD_QUEUE_SIZE="100000",
                    ROLLOUTD_N_INIT="64", ROLLOUTD_N_RUN="64", ROLLOUTD_N_EVAL="64",
                    ROLLOUTD_LOG_LEVEL="warning", ROLLOUTD_SANDBOX_BACKEND="local")
-        proc = subprocess.Popen([sys.executable, "-m", "daemon.cli", "serve", "--port", str(port)], env=env)
+        proc = subprocess.Popen([sys.executable, "-m", "rolloutd.daemon.cli", "serve", "--port", str(port)], env=env)
         try:
             url = f"http://127.0.0.1:{port}"
             async with AsyncClient(url) as c:

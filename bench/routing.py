@@ -9,7 +9,7 @@ samples 32-160 tokens, then a tool runs (0.2-2 s) and its 64-512-token observati
 
 Routers:
 
-- ``sticky``: the real :class:`daemon.llm.pool.BackendPool` (sticky per rollout and group,
+- ``sticky``: the real :class:`rolloutd.daemon.llm.pool.BackendPool` (sticky per rollout and group,
   least-loaded for new rollouts);
 - ``least_loaded``: the same pool with a fresh key per request (no stickiness);
 - ``round_robin``: each request to the next backend;
@@ -36,8 +36,8 @@ from collections.abc import Sequence
 import trio
 import trio.testing
 
-from daemon.llm.base import Completion, SamplingParams
-from daemon.llm.pool import BackendPool
+from rolloutd.daemon.llm.base import Completion, SamplingParams
+from rolloutd.daemon.llm.pool import BackendPool
 
 N_BACKENDS = 4
 N_ROLLOUTS = 64
@@ -204,11 +204,11 @@ def run_policy(policy: str, seed: int) -> tuple[float, float, float, list[tuple[
 async def model_server_tokens_per_s(repeats: int = 3, max_tokens: int = 64) -> float:
     import httpx
 
-    from daemon.llm.chat import embedded_renderer
+    from rolloutd.daemon.llm.chat import embedded_renderer
 
     renderer = embedded_renderer()
     proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "daemon.llm.model_server", "--port", "0"],
+        [sys.executable, "-m", "rolloutd.daemon.llm.model_server", "--port", "0"],
         stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
     )
     try:

@@ -36,11 +36,11 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from daemon.batch import BatchRequest, Group, GroupFilter, judge  # noqa: E402
-from daemon.config import Settings  # noqa: E402
-from daemon.node import Node  # noqa: E402
-from daemon.pipeline import Services  # noqa: E402
-from daemon.service import RolloutRequest  # noqa: E402
+from rolloutd.daemon.batch import BatchRequest, Group, GroupFilter, judge  # noqa: E402
+from rolloutd.daemon.config import Settings  # noqa: E402
+from rolloutd.daemon.node import Node  # noqa: E402
+from rolloutd.daemon.pipeline import Services  # noqa: E402
+from rolloutd.daemon.service import RolloutRequest  # noqa: E402
 
 G = 8  # samples per group
 K = 32  # groups to keep

@@ -34,8 +34,8 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from daemon.config import Settings  # noqa: E402
-from sandbox import SandboxSpec, SandboxSupervisor, open_backend  # noqa: E402
+from rolloutd.daemon.config import Settings  # noqa: E402
+from rolloutd.sandbox import SandboxSpec, SandboxSupervisor, open_backend  # noqa: E402
 
 SPARES = Settings.model_fields["sandbox_spares"].default  # the daemon's default
 
@@ -60,8 +60,8 @@ def floors(backend, n: int) -> dict[str, list[float]]:
     """What a cold open cannot go below on this machine today (run in a thread): bwrap
     with the sandbox's own layout running /bin/true, and the helper's interpreter doing
     nothing. Printed so a slow phase of a shared host shows as such."""
-    from sandbox._backend import Handle
-    from sandbox._bwrap import bwrap_options
+    from rolloutd.sandbox._backend import Handle
+    from rolloutd.sandbox._bwrap import bwrap_options
 
     dirs = backend.layout.new()
     try:
@@ -233,7 +233,7 @@ async def main() -> None:
         bare = open_backend("bwrap", state_dir=root / "bare", boot_id="bench", spares=0)
         import logging
 
-        logging.getLogger("sandbox._local").setLevel(logging.ERROR)
+        logging.getLogger("rolloutd.sandbox._local").setLevel(logging.ERROR)
         latency = {}
         for name, backend in backends.items():
             if name == "apptainer":

@@ -104,8 +104,8 @@ def tmux_bench(n: int) -> list[float]:
 async def ours(n_bash: int, n_other: int, state_root: str) -> dict[str, list[float]]:
     import trio
 
-    from sandbox import SandboxSpec, open_backend
-    from tools import open_toolbox
+    from rolloutd.sandbox import SandboxSpec, open_backend
+    from rolloutd.tools import open_toolbox
 
     state = Path(tempfile.mkdtemp(prefix="rtb-", dir=state_root))
     res: dict[str, list[float]] = {}

@@ -8,9 +8,9 @@ Public API::
     SamplingParams                                                  what a request holds
     Trajectory, Turn, Status, Stage, ErrorInfo                     what comes back
     TaskHandler, TaskRegistry, TaskError                           task kinds
-    DaemonError and the request errors (daemon.errors)             the error tree
+    DaemonError and the request errors (rolloutd.daemon.errors)             the error tree
 
-Names are imported on first use (PEP 562), so ``from daemon import Client`` does not load
+Names are imported on first use (PEP 562), so ``from rolloutd.daemon import Client`` does not load
 the server's dependencies. Where things live: README.md, "Development".
 """
 
@@ -20,12 +20,12 @@ import importlib as _importlib
 import typing as _typing
 
 if _typing.TYPE_CHECKING:
-    from daemon.agent import AgentLimits
-    from daemon.api import create_app
-    from daemon.batch import BatchRequest, GroupFilter
-    from daemon.client import AsyncClient, BatchGroup, Client, RolloutdError, Submission
-    from daemon.config import ConfigError, Settings
-    from daemon.errors import (
+    from rolloutd.daemon.agent import AgentLimits
+    from rolloutd.daemon.api import create_app
+    from rolloutd.daemon.batch import BatchRequest, GroupFilter
+    from rolloutd.daemon.client import AsyncClient, BatchGroup, Client, RolloutdError, Submission
+    from rolloutd.daemon.config import ConfigError, Settings
+    from rolloutd.daemon.errors import (
         BadRequest,
         DaemonError,
         Draining,
@@ -40,32 +40,32 @@ if _typing.TYPE_CHECKING:
         ServiceUnavailable,
         TooManyBatches,
     )
-    from daemon.llm.base import SamplingParams
-    from daemon.node import Node, run
-    from daemon.service import RolloutRequest
-    from daemon.tasks.base import TaskError, TaskHandler
-    from daemon.tasks.registry import TaskRegistry
-    from daemon.trajectory import ErrorInfo, Stage, Status, Trajectory, Turn
+    from rolloutd.daemon.llm.base import SamplingParams
+    from rolloutd.daemon.node import Node, run
+    from rolloutd.daemon.service import RolloutRequest
+    from rolloutd.daemon.tasks.base import TaskError, TaskHandler
+    from rolloutd.daemon.tasks.registry import TaskRegistry
+    from rolloutd.daemon.trajectory import ErrorInfo, Stage, Status, Trajectory, Turn
 
 _WHERE = {
-    "AgentLimits": "daemon.agent",
-    "create_app": "daemon.api",
+    "AgentLimits": "rolloutd.daemon.agent",
+    "create_app": "rolloutd.daemon.api",
     **dict.fromkeys(("AsyncClient", "BatchGroup", "Client", "RolloutdError", "Submission"),
-                    "daemon.client"),
-    **dict.fromkeys(("ConfigError", "Settings"), "daemon.config"),
+                    "rolloutd.daemon.client"),
+    **dict.fromkeys(("ConfigError", "Settings"), "rolloutd.daemon.config"),
     **dict.fromkeys(
         ("BadRequest", "DaemonError", "Draining", "IdempotencyConflict", "InvalidBackend",
          "InvalidRequest", "InvalidTask", "NotFound", "QueueFullError", "ReloadFailed",
          "RequestError", "ServiceUnavailable", "TooManyBatches"),
-        "daemon.errors",
+        "rolloutd.daemon.errors",
     ),
-    "SamplingParams": "daemon.llm.base",
-    **dict.fromkeys(("Node", "run"), "daemon.node"),
-    **dict.fromkeys(("BatchRequest", "GroupFilter"), "daemon.batch"),
-    "RolloutRequest": "daemon.service",
-    **dict.fromkeys(("TaskError", "TaskHandler"), "daemon.tasks.base"),
-    "TaskRegistry": "daemon.tasks.registry",
-    **dict.fromkeys(("ErrorInfo", "Stage", "Status", "Trajectory", "Turn"), "daemon.trajectory"),
+    "SamplingParams": "rolloutd.daemon.llm.base",
+    **dict.fromkeys(("Node", "run"), "rolloutd.daemon.node"),
+    **dict.fromkeys(("BatchRequest", "GroupFilter"), "rolloutd.daemon.batch"),
+    "RolloutRequest": "rolloutd.daemon.service",
+    **dict.fromkeys(("TaskError", "TaskHandler"), "rolloutd.daemon.tasks.base"),
+    "TaskRegistry": "rolloutd.daemon.tasks.registry",
+    **dict.fromkeys(("ErrorInfo", "Stage", "Status", "Trajectory", "Turn"), "rolloutd.daemon.trajectory"),
 }
 
 __all__ = [

@@ -17,7 +17,7 @@ The loop ends (``trajectory.finish_reason``) on:
 - ``abort``: the backend aborted the request.
 
 Malformed tool calls are answered with an observation saying what was wrong (the rollout
-goes on). Infrastructure failures raise: ``daemon.llm.LLMError`` (no backend, bad response,
+goes on). Infrastructure failures raise: ``rolloutd.daemon.llm.LLMError`` (no backend, bad response,
 :class:`PrefixMismatch`) and the toolbox's ``ToolError``; the pipeline records them as the
 trajectory's error.
 """
@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 from pydantic import BaseModel, ConfigDict, Field
 
-from daemon.llm.base import Completion, PrefixMismatch, SamplingParams
-from daemon.llm.chat import ChatRenderer, check_extends
-from daemon.llm.parsers import ParsedTurn, error_observation, get_parser
-from daemon.trajectory import ToolCallRecord, Trajectory, Turn
+from rolloutd.daemon.llm.base import Completion, PrefixMismatch, SamplingParams
+from rolloutd.daemon.llm.chat import ChatRenderer, check_extends
+from rolloutd.daemon.llm.parsers import ParsedTurn, error_observation, get_parser
+from rolloutd.daemon.trajectory import ToolCallRecord, Trajectory, Turn
 
 if TYPE_CHECKING:
-    from daemon.llm.pool import BackendPool
-    from daemon.tasks.base import Prompt
+    from rolloutd.daemon.llm.pool import BackendPool
+    from rolloutd.daemon.tasks.base import Prompt
 
 
 class AgentLimits(BaseModel):

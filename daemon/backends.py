@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from daemon.config import Settings
-from daemon.errors import InvalidBackend, NotFound, ReloadFailed, ServiceUnavailable
-from daemon.llm.base import BackendUnavailable, LLMError
+from rolloutd.daemon.config import Settings
+from rolloutd.daemon.errors import InvalidBackend, NotFound, ReloadFailed, ServiceUnavailable
+from rolloutd.daemon.llm.base import BackendUnavailable, LLMError
 
 if TYPE_CHECKING:
-    from daemon.llm.chat import ChatRenderer
-    from daemon.llm.pool import BackendPool
-    from daemon.llm.weights import ReloadRequest
+    from rolloutd.daemon.llm.chat import ChatRenderer
+    from rolloutd.daemon.llm.pool import BackendPool
+    from rolloutd.daemon.llm.weights import ReloadRequest
 
 
 class Backends:
@@ -42,7 +42,7 @@ class Backends:
             return self._renderer
 
     def _load_renderer(self) -> ChatRenderer:
-        from daemon.llm.chat import ChatRenderer, load_embedded_tokenizer
+        from rolloutd.daemon.llm.chat import ChatRenderer, load_embedded_tokenizer
 
         s = self.settings
         if s.tokenizer:
@@ -70,7 +70,7 @@ class Backends:
 
     async def add(self, spec: dict[str, Any]) -> str:
         """Register a backend from its spec (``id`` optional); returns its id."""
-        from daemon.llm.pool import make_backend
+        from rolloutd.daemon.llm.pool import make_backend
 
         pool = self.pool
         renderer = await self.renderer()

@@ -1,6 +1,6 @@
 """A dynamic-sampling batch: its request, its groups, and how a finished group is judged.
 
-The sampler (``daemon.sampling``) runs batches; this module is what a batch is. A finished
+The sampler (``rolloutd.daemon.sampling``) runs batches; this module is what a batch is. A finished
 batch lets go of its request (every prompt) and of its groups' tasks (``Batch.release``), so
 what it keeps while readable does not grow with the size of its tasks.
 """
@@ -18,10 +18,10 @@ from typing import Any, Literal
 import trio
 from pydantic import BaseModel, ConfigDict, Field
 
-from daemon.agent import AgentLimits
-from daemon.errors import DaemonError
-from daemon.jobs import Job
-from daemon.llm.base import SamplingParams
+from rolloutd.daemon.agent import AgentLimits
+from rolloutd.daemon.errors import DaemonError
+from rolloutd.daemon.jobs import Job
+from rolloutd.daemon.llm.base import SamplingParams
 
 
 class BatchEnded(DaemonError, RuntimeError):

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from daemon.client import DEFAULT_URL, Client, RolloutdError
-from daemon.errors import DaemonError
+from rolloutd.daemon.client import DEFAULT_URL, Client, RolloutdError
+from rolloutd.daemon.errors import DaemonError
 
 
 class CliError(DaemonError):
@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", type=Path, default=Path("trajectories.jsonl"))
     demo.add_argument("--state-dir", type=Path, default=None)
 
-    from daemon.llm.model_server import add_arguments
+    from rolloutd.daemon.llm.model_server import add_arguments
 
     ms = sub.add_parser("model-server", help="serve the embedded model with vLLM's completions API")
     add_arguments(ms)
@@ -85,8 +85,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def read_tasks(path: Path) -> list[dict[str, Any]]:
     """Tasks from JSONL, each checked by its handler; an error names the file and line."""
-    from daemon.tasks.jsonl import TaskFileError, load_tasks
-    from daemon.tasks.registry import TaskRegistry
+    from rolloutd.daemon.tasks.jsonl import TaskFileError, load_tasks
+    from rolloutd.daemon.tasks.registry import TaskRegistry
 
     try:
         return load_tasks(path, registry=TaskRegistry.default())
@@ -97,9 +97,9 @@ def read_tasks(path: Path) -> list[dict[str, Any]]:
 def cmd_serve(args: argparse.Namespace) -> int:
     import trio
 
-    from daemon.config import ConfigError, load_settings
-    from daemon.logs import setup_logging
-    from daemon.node import run
+    from rolloutd.daemon.config import ConfigError, load_settings
+    from rolloutd.daemon.logs import setup_logging
+    from rolloutd.daemon.node import run
 
     overrides = {
         "host": args.host,
@@ -125,7 +125,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from daemon.render import print_federation, print_status
+    from rolloutd.daemon.render import print_federation, print_status
 
     with _client(args) as c:
         st = c.status()
@@ -139,7 +139,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from daemon.render import submit_with_progress
+    from rolloutd.daemon.render import submit_with_progress
 
     tasks = read_tasks(args.tasks)
     options: dict[str, Any] = {"timeout_s": args.timeout_s}
@@ -153,7 +153,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _submit_batch(args: argparse.Namespace, tasks: list[dict[str, Any]], options: dict[str, Any]) -> int:
-    from daemon.render import sample_batch_with_progress
+    from rolloutd.daemon.render import sample_batch_with_progress
 
     if args.keep is None or args.keep < 1:
         raise CliError("--batch needs --keep K (K >= 1)")
@@ -167,7 +167,7 @@ def _submit_batch(args: argparse.Namespace, tasks: list[dict[str, Any]], options
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from daemon.demo import main as demo_main
+    from rolloutd.daemon.demo import main as demo_main
 
     return demo_main(out=args.out, state_dir=args.state_dir)
 
@@ -175,8 +175,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_model_server(args: argparse.Namespace) -> int:
     import trio
 
-    from daemon.llm.model_server import run_from_args
-    from daemon.logs import setup_logging
+    from rolloutd.daemon.llm.model_server import run_from_args
+    from rolloutd.daemon.logs import setup_logging
 
     setup_logging("info")
     trio.run(run_from_args, args)

@@ -1,6 +1,6 @@
 """Python clients for trainers: ``Client`` (blocking) and ``AsyncClient`` (trio or asyncio).
 
-    from daemon.client import Client
+    from rolloutd.daemon.client import Client
     with Client("http://127.0.0.1:8321") as c:
         trajs = c.run({"kind": "math", "question": "1+1?", "answer": "2"}, n=4)
 
@@ -20,8 +20,8 @@ from typing import Any, Self
 
 import httpx
 
-from daemon.errors import DaemonError
-from daemon.trajectory import Trajectory
+from rolloutd.daemon.errors import DaemonError
+from rolloutd.daemon.trajectory import Trajectory
 
 DEFAULT_URL = "http://127.0.0.1:8321"
 #: Generous: a wait=true request lasts as long as its rollouts.

@@ -24,8 +24,8 @@ from pydantic import (
     model_validator,
 )
 
-from daemon.errors import DaemonError
-from federation import FederationSettingError, GossipSettings
+from rolloutd.daemon.errors import DaemonError
+from rolloutd.federation import FederationSettingError, GossipSettings
 
 ENV_PREFIX = "ROLLOUTD_"
 

@@ -27,10 +27,10 @@ from rich.logging import RichHandler
 from rich.panel import Panel
 from rich.table import Table
 
-from daemon.client import AsyncClient, RolloutdError
-from daemon.config import Settings
-from daemon.node import Node
-from daemon.trajectory import Status, Trajectory
+from rolloutd.daemon.client import AsyncClient, RolloutdError
+from rolloutd.daemon.config import Settings
+from rolloutd.daemon.node import Node
+from rolloutd.daemon.trajectory import Status, Trajectory
 
 #: The batch. Small limits keep the whole demo within ~3 minutes on 2 CPU cores.
 MATH_TASKS: list[dict[str, Any]] = [
@@ -71,7 +71,7 @@ class Row:
 
 def choose_sandbox_backend(state_dir: Path, console: Console) -> str:
     """bwrap when it works here; otherwise local, with a warning nobody can miss."""
-    from sandbox import SandboxStartError, open_backend
+    from rolloutd.sandbox import SandboxStartError, open_backend
 
     why = "bwrap is not installed"
     if shutil.which("bwrap"):
@@ -175,7 +175,7 @@ async def _drive(client: AsyncClient, node: Node, rows: list[Row], console: Cons
 
 async def run_demo(out: Path, state_dir: Path, console: Console, *,
                    policy: list[str] | None = None) -> int:
-    from daemon.tasks.swe_examples import make_swe_repos
+    from rolloutd.daemon.tasks.swe_examples import make_swe_repos
 
     backend = choose_sandbox_backend(state_dir, console)
     swe = await trio.to_thread.run_sync(make_swe_repos, state_dir / "swe-repos")

@@ -15,12 +15,12 @@
     │  └─ ServiceUnavailable     a part it needs is missing or unreachable
     ├─ ConfigError, JournalError, PipelineError, QueueFull, QueueClosed, JobFinished,
     │  BatchEnded, PeerUnavailable, CliError       (in their modules)
-    ├─ daemon.llm.LLMError       the LLM layer's branch
-    ├─ daemon.tasks.TaskError    a malformed task
-    └─ daemon.client.RolloutdError   what the client raises for an error answer
+    ├─ rolloutd.daemon.llm.LLMError       the LLM layer's branch
+    ├─ rolloutd.daemon.tasks.TaskError    a malformed task
+    └─ rolloutd.daemon.client.RolloutdError   what the client raises for an error answer
 
 This module knows nothing of HTTP: the API layer alone maps each RequestError to a status
-code and an error type (``daemon.api``'s error table).
+code and an error type (``rolloutd.daemon.api``'s error table).
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 import trio
 
-from daemon.errors import DaemonError
-from daemon.trajectory import ErrorInfo, Status, Trajectory
-from federation import Federation, ForwardedJobs, Member, MemberState, forward_headers
+from rolloutd.daemon.errors import DaemonError
+from rolloutd.daemon.trajectory import ErrorInfo, Status, Trajectory
+from rolloutd.federation import Federation, ForwardedJobs, Member, MemberState, forward_headers
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ The front accepts work (journaled before the client hears of it), forwards a sub
 when placement says so, answers for a rollout wherever it is (this process, the journal, the
 peer it was forwarded to), streams trajectories as they finish (relaying a peer's), and
 answers for batches (the sampler's, else the journal's record). It returns data, never HTTP:
-the API layer shapes the answers and maps errors (``daemon.errors``) to status codes.
+the API layer shapes the answers and maps errors (``rolloutd.daemon.errors``) to status codes.
 """
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from daemon.batch import Batch, BatchRequest
-from daemon.errors import BadRequest, NotFound, ServiceUnavailable
-from daemon.forward import Forwarder, PeerAnswer, PeerUnavailable
-from daemon.jobs import Job
-from daemon.journal import Journal, JournalError
-from daemon.sampling import Sampler
-from daemon.service import RolloutRequest, RolloutService, Submitted
-from daemon.trajectory import Trajectory
-from federation import is_forwarded
+from rolloutd.daemon.batch import Batch, BatchRequest
+from rolloutd.daemon.errors import BadRequest, NotFound, ServiceUnavailable
+from rolloutd.daemon.forward import Forwarder, PeerAnswer, PeerUnavailable
+from rolloutd.daemon.jobs import Job
+from rolloutd.daemon.journal import Journal, JournalError
+from rolloutd.daemon.sampling import Sampler
+from rolloutd.daemon.service import RolloutRequest, RolloutService, Submitted
+from rolloutd.daemon.trajectory import Trajectory
+from rolloutd.federation import is_forwarded
 
 if TYPE_CHECKING:
-    from federation import Federation
+    from rolloutd.federation import Federation
 
 log = logging.getLogger(__name__)
 

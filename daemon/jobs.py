@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from daemon.errors import DaemonError
-from daemon.trajectory import ErrorInfo, Stage, Status, Trajectory
+from rolloutd.daemon.errors import DaemonError
+from rolloutd.daemon.trajectory import ErrorInfo, Stage, Status, Trajectory
 
 if TYPE_CHECKING:
-    from daemon.llm.base import SamplingParams
-    from daemon.tasks.base import TaskHandler
-    from sandbox import Sandbox
+    from rolloutd.daemon.llm.base import SamplingParams
+    from rolloutd.daemon.tasks.base import TaskHandler
+    from rolloutd.sandbox import Sandbox
 
 
 def new_id(prefix: str) -> str:

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from daemon.errors import DaemonError
-from daemon.jobs import Job
-from daemon.trajectory import ErrorInfo, Status, Trajectory
+from rolloutd.daemon.errors import DaemonError
+from rolloutd.daemon.jobs import Job
+from rolloutd.daemon.trajectory import ErrorInfo, Status, Trajectory
 
 if TYPE_CHECKING:
-    from daemon.batch import Batch
+    from rolloutd.daemon.batch import Batch
 
 log = logging.getLogger(__name__)
 

@@ -8,12 +8,12 @@
        ├─ Sampler             dynamic-sampling batches
        ├─ Front               relays of peers' trajectories into streams
        ├─ signal watcher      SIGTERM / SIGINT -> drain
-       ├─ HTTP server         hypercorn serving ``daemon.api.create_app(node)``
+       ├─ HTTP server         hypercorn serving ``rolloutd.daemon.api.create_app(node)``
        └─ Federation          gossip with peers and the forwarder (when seeds are configured)
 
-What requests reach lives beside the parts, not here: ``daemon.front.Front`` (rollouts,
-batches, forwarding, streams) and ``daemon.backends.Backends`` (the pool as the API manages
-it); the node hands them to the HTTP layer (``daemon.api.Parts``).
+What requests reach lives beside the parts, not here: ``rolloutd.daemon.front.Front`` (rollouts,
+batches, forwarding, streams) and ``rolloutd.daemon.backends.Backends`` (the pool as the API manages
+it); the node hands them to the HTTP layer (``rolloutd.daemon.api.Parts``).
 
 Drain: readiness turns 503 and intake stops; queued jobs end ``cancelled``; in-flight jobs
 get ``drain_timeout_s`` to finish, then are cancelled; sandboxes are torn down; exit 0.
@@ -31,25 +31,25 @@ import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve
 
-from daemon._sdnotify import Notifier
-from daemon.api import create_app
-from daemon.backends import Backends
-from daemon.config import Settings
-from daemon.forward import Forwarder
-from daemon.front import Front
-from daemon.jobs import new_id
-from daemon.journal import Journal
-from daemon.logs import redact
-from daemon.metrics import Metrics
-from daemon.pipeline import Pipeline, Services
-from daemon.sampling import Sampler
-from daemon.service import RolloutRequest, RolloutService, Submitted
-from daemon.tasks.registry import TaskRegistry
-from federation import Federation, Member, slurm_seeds
+from rolloutd.daemon._sdnotify import Notifier
+from rolloutd.daemon.api import create_app
+from rolloutd.daemon.backends import Backends
+from rolloutd.daemon.config import Settings
+from rolloutd.daemon.forward import Forwarder
+from rolloutd.daemon.front import Front
+from rolloutd.daemon.jobs import new_id
+from rolloutd.daemon.journal import Journal
+from rolloutd.daemon.logs import redact
+from rolloutd.daemon.metrics import Metrics
+from rolloutd.daemon.pipeline import Pipeline, Services
+from rolloutd.daemon.sampling import Sampler
+from rolloutd.daemon.service import RolloutRequest, RolloutService, Submitted
+from rolloutd.daemon.tasks.registry import TaskRegistry
+from rolloutd.federation import Federation, Member, slurm_seeds
 
 if TYPE_CHECKING:
-    from daemon.llm.pool import BackendPool
-    from sandbox import SandboxSupervisor
+    from rolloutd.daemon.llm.pool import BackendPool
+    from rolloutd.sandbox import SandboxSupervisor
 
 log = logging.getLogger(__name__)
 
@@ -252,8 +252,8 @@ class Node:
             self._http_done.set()
 
     async def _start_services(self, nursery: trio.Nursery) -> None:
-        from daemon.llm.pool import BackendPool, make_backend
-        from sandbox import SandboxSupervisor
+        from rolloutd.daemon.llm.pool import BackendPool, make_backend
+        from rolloutd.sandbox import SandboxSupervisor
 
         s = self.settings
         supervisor = SandboxSupervisor(
@@ -280,7 +280,7 @@ class Node:
 
     async def _spawn_vllm(self, nursery: trio.Nursery, pool: BackendPool) -> None:
         """One supervised ``vllm serve`` child per GPU, each registered as a backend."""
-        from daemon.llm.spawn import ServerSpec, supervise_server, vllm_serve_argv
+        from rolloutd.daemon.llm.spawn import ServerSpec, supervise_server, vllm_serve_argv
 
         s = self.settings
         assert s.spawn_vllm is not None

@@ -19,16 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from daemon.errors import DaemonError
-from daemon.jobs import Job, JobQueue, StageStats
-from daemon.tasks.base import EvalContext
-from daemon.trajectory import ErrorInfo, Stage, Status
+from rolloutd.daemon.errors import DaemonError
+from rolloutd.daemon.jobs import Job, JobQueue, StageStats
+from rolloutd.daemon.tasks.base import EvalContext
+from rolloutd.daemon.trajectory import ErrorInfo, Stage, Status
 
 if TYPE_CHECKING:
-    from daemon.config import Settings
-    from daemon.llm.chat import ChatRenderer
-    from daemon.llm.pool import BackendPool
-    from sandbox import Sandbox, SandboxSpec, SandboxSupervisor
+    from rolloutd.daemon.config import Settings
+    from rolloutd.daemon.llm.chat import ChatRenderer
+    from rolloutd.daemon.llm.pool import BackendPool
+    from rolloutd.sandbox import Sandbox, SandboxSpec, SandboxSupervisor
 
 log = logging.getLogger(__name__)
 
@@ -238,9 +238,9 @@ class Pipeline:
         if handler.custom_run:
             job.final_answer = await handler.run(task, job.trajectory, job.sandbox)
             return
-        from daemon.agent import AgentLimits, run_agent
-        from daemon.llm.base import SamplingParams
-        from tools import open_toolbox
+        from rolloutd.daemon.agent import AgentLimits, run_agent
+        from rolloutd.daemon.llm.base import SamplingParams
+        from rolloutd.tools import open_toolbox
 
         pool, renderer_factory = self.services.pool, self.services.renderer
         if pool is None or renderer_factory is None:

@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from daemon.client import Client, RolloutdError
-from daemon.trajectory import Trajectory
+from rolloutd.daemon.client import Client, RolloutdError
+from rolloutd.daemon.trajectory import Trajectory
 
 
 def _fmt(value: float | None) -> str:
@@ -56,7 +56,7 @@ def print_federation(st: Mapping[str, Any], console: Console | None = None) -> N
     if not fed:
         console.print("federation is not enabled on this daemon")
         return
-    from federation import render_members
+    from rolloutd.federation import render_members
 
     console.print(render_members(fed["members"]))
 

@@ -34,11 +34,11 @@ from typing import Any
 
 import trio
 
-from daemon.batch import Batch, BatchRequest, BatchState, Group, GroupState, judge
-from daemon.errors import Draining, InvalidTask, NotFound, QueueFullError, TooManyBatches
-from daemon.jobs import Job, new_id
-from daemon.service import RolloutRequest, RolloutService, Submitted
-from daemon.tasks.base import TaskError
+from rolloutd.daemon.batch import Batch, BatchRequest, BatchState, Group, GroupState, judge
+from rolloutd.daemon.errors import Draining, InvalidTask, NotFound, QueueFullError, TooManyBatches
+from rolloutd.daemon.jobs import Job, new_id
+from rolloutd.daemon.service import RolloutRequest, RolloutService, Submitted
+from rolloutd.daemon.tasks.base import TaskError
 
 log = logging.getLogger(__name__)
 

@@ -11,15 +11,21 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from daemon.agent import AgentLimits
-from daemon.config import Settings
-from daemon.errors import Draining, IdempotencyConflict, InvalidTask, NotFound, QueueFullError
-from daemon.jobs import Job, JobRequest, QueueClosed, QueueFull, ResultStore, new_id
-from daemon.llm.base import SamplingParams
-from daemon.pipeline import Pipeline
-from daemon.tasks.base import TaskError
-from daemon.tasks.registry import TaskRegistry
-from daemon.trajectory import Stage
+from rolloutd.daemon.agent import AgentLimits
+from rolloutd.daemon.config import Settings
+from rolloutd.daemon.errors import (
+    Draining,
+    IdempotencyConflict,
+    InvalidTask,
+    NotFound,
+    QueueFullError,
+)
+from rolloutd.daemon.jobs import Job, JobRequest, QueueClosed, QueueFull, ResultStore, new_id
+from rolloutd.daemon.llm.base import SamplingParams
+from rolloutd.daemon.pipeline import Pipeline
+from rolloutd.daemon.tasks.base import TaskError
+from rolloutd.daemon.tasks.registry import TaskRegistry
+from rolloutd.daemon.trajectory import Stage
 
 
 class RolloutRequest(BaseModel):

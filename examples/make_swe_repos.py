@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from daemon.tasks.swe_examples import make_swe_repos
+from rolloutd.daemon.tasks.swe_examples import make_swe_repos
 
 
 def main(argv: list[str]) -> int:

@@ -45,7 +45,9 @@ def run_as_unprivileged(files: Sequence[str], target: str, *, env: Mapping[str, 
         site.mkdir()
         for name in DEPS:
             copy_module(name, site)
-        shutil.copytree(REPO / "sandbox", site / "sandbox", ignore=shutil.ignore_patterns("__pycache__"))
+        # the package as installed: rolloutd.sandbox (rolloutd is a namespace package)
+        shutil.copytree(REPO / "sandbox", site / "rolloutd" / "sandbox",
+                        ignore=shutil.ignore_patterns("__pycache__"))
         for rel in ("tests/__init__.py", *files):
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(REPO / rel, root / rel)

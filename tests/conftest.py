@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox._launcher import NAME as LAUNCHER
+from rolloutd.sandbox._launcher import NAME as LAUNCHER
 
 
 def descendants(pid: int | None = None) -> list[tuple[int, str]]:

@@ -3,7 +3,7 @@ persistent kernel), editor (str_replace_editor) and finish.
 
 Public API (the agent loop relies on exactly this)::
 
-    from tools import open_toolbox, tool_schemas, Toolbox, ToolResult, ToolError
+    from rolloutd.tools import open_toolbox, tool_schemas, Toolbox, ToolResult, ToolError
 
     async with open_toolbox(sandbox, ["bash", "editor", "finish"]) as tb:
         tb.schemas()                                   # OpenAI-style tool schemas

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from sandbox import SandboxError
+from rolloutd.sandbox import SandboxError
 
 from ._errors import ToolError
 from .bash import BashSession
@@ -27,7 +27,7 @@ from .ipython import KernelSession
 from .schemas import TOOL_NAMES, canonical_name, tool_schemas
 
 if TYPE_CHECKING:
-    from sandbox import Sandbox
+    from rolloutd.sandbox import Sandbox
 
 __all__ = ["ToolResult", "Toolbox", "open_toolbox"]
 

@@ -57,7 +57,7 @@ from ._errors import ToolStartError
 from ._text import OutputCollector
 
 if TYPE_CHECKING:
-    from sandbox import Sandbox, SandboxProcess
+    from rolloutd.sandbox import Sandbox, SandboxProcess
 
 __all__ = ["BashResult", "BashSession"]
 

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from sandbox import PathEscapeError, SandboxError
+from rolloutd.sandbox import PathEscapeError, SandboxError
 
 from ._errors import ToolError
 
 if TYPE_CHECKING:
-    from sandbox import Sandbox
+    from rolloutd.sandbox import Sandbox
 
 __all__ = ["COMMANDS", "Editor", "EditorResult"]
 

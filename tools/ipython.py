@@ -40,7 +40,7 @@ from ._errors import ToolError, ToolStartError
 from ._text import TextCollector, strip_ansi
 
 if TYPE_CHECKING:
-    from sandbox import Sandbox, SandboxProcess
+    from rolloutd.sandbox import Sandbox, SandboxProcess
 
 __all__ = ["IPythonResult", "KernelSession"]
 

@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from daemon.client import AsyncClient, Client
-from daemon.trajectory import Status, Trajectory
+from rolloutd.daemon.client import AsyncClient, Client
+from rolloutd.daemon.trajectory import Status, Trajectory
 
 
 def boundary(t: Trajectory) -> int:

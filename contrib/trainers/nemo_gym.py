@@ -29,9 +29,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from contrib.trainers._common import arun_group
-from daemon.client import AsyncClient
-from daemon.trajectory import Trajectory
+from rolloutd.daemon.client import AsyncClient
+from rolloutd.daemon.trajectory import Trajectory
+from rolloutd.trainers._common import arun_group
 
 RUN_FIELDS = ("responses_create_params", "agent_ref", "_ng_rollout_id", "_ng_task_index",
               "_ng_rollout_index")

@@ -32,9 +32,9 @@ from typing import Any
 
 import anyio
 
-from contrib.trainers._common import GroupResult, arun_group, boundary, versions, zeros_for_null
-from daemon.client import AsyncClient
-from daemon.trajectory import Trajectory
+from rolloutd.daemon.client import AsyncClient
+from rolloutd.daemon.trajectory import Trajectory
+from rolloutd.trainers._common import GroupResult, arun_group, boundary, versions, zeros_for_null
 
 TaskFn = Callable[[Any, Any, Mapping[str, Any]], Mapping[str, Any]]
 

@@ -1,6 +1,6 @@
 """TRL: a ``rollout_func`` for ``GRPOTrainer`` that gets its completions from rolloutd.
 
-    from contrib.trainers.trl_adapter import make_rollout_func, env_reward
+    from rolloutd.trainers.trl_adapter import make_rollout_func, env_reward
 
     rollout_func = make_rollout_func("http://127.0.0.1:8321", sampling={"temperature": 1.0},
                                      limits={"max_turns": 4, "max_tokens_per_turn": 256})
@@ -35,9 +35,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from contrib.trainers._common import boundary, run_group, task_from_prompt, versions, zeros_for_null
-from daemon.client import Client
-from daemon.trajectory import Trajectory
+from rolloutd.daemon.client import Client
+from rolloutd.daemon.trajectory import Trajectory
+from rolloutd.trainers._common import (
+    boundary,
+    run_group,
+    task_from_prompt,
+    versions,
+    zeros_for_null,
+)
 
 ROW_KEYS = ("prompt_ids", "completion_ids", "logprobs", "env_mask", "env_reward", "rolloutd_id",
             "usable", "num_turns", "policy_version_min", "policy_version_max")

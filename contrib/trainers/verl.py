@@ -3,7 +3,7 @@
 Register it in the YAML named by ``actor_rollout_ref.rollout.agent.agent_loop_config_path``::
 
     - name: rolloutd_agent
-      _target_: contrib.trainers.verl.RolloutdAgentLoop
+      _target_: rolloutd.trainers.verl.RolloutdAgentLoop
 
 and select it with ``default_agent_loop: rolloutd_agent`` (or a per-row ``agent_name``).
 Set ``ROLLOUTD_URL`` for the loop. verl creates one loop per sample and calls
@@ -35,9 +35,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from contrib.trainers._common import arun_group, boundary, versions, zeros_for_null
-from daemon.client import AsyncClient
-from daemon.trajectory import Trajectory
+from rolloutd.daemon.client import AsyncClient
+from rolloutd.daemon.trajectory import Trajectory
+from rolloutd.trainers._common import arun_group, boundary, versions, zeros_for_null
 
 try:  # pragma: no cover - verl is not installed in rolloutd's environment
     from verl.experimental.agent_loop.agent_loop import (  # type: ignore[import-not-found]

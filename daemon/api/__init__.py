@@ -6,12 +6,12 @@
 what they share and ``_errors`` maps daemon errors to status codes (the only place that does).
 """
 
-from daemon.api._app import Parts, create_app
-from daemon.api._backends import BackendRegistration, PolicyVersion, ReloadRequest
-from daemon.api._batches import BatchStatus, GroupSummary, KeptGroup
-from daemon.api._errors import ANSWERS
-from daemon.api._http import NDJSON, ErrorResponse
-from daemon.api._rollouts import SubmitResponse, WaitResponse
+from rolloutd.daemon.api._app import Parts, create_app
+from rolloutd.daemon.api._backends import BackendRegistration, PolicyVersion, ReloadRequest
+from rolloutd.daemon.api._batches import BatchStatus, GroupSummary, KeptGroup
+from rolloutd.daemon.api._errors import ANSWERS
+from rolloutd.daemon.api._http import NDJSON, ErrorResponse
+from rolloutd.daemon.api._rollouts import SubmitResponse, WaitResponse
 
 __all__ = [
     "ANSWERS",

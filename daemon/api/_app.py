@@ -2,7 +2,7 @@
 
 Each resource module registers its routes with ``register(app, part)``, where ``part`` is
 the narrow protocol that module declares; this module adds what every route shares: the
-bearer-token check, reading any body left unread, error answers (``daemon.errors`` mapped in
+bearer-token check, reading any body left unread, error answers (``rolloutd.daemon.errors`` mapped in
 ``_errors``), and the OpenAPI document.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 from typing import Any, Protocol
 
 from quart import Response, request
@@ -17,12 +18,12 @@ from quart_schema import HttpSecurityScheme, QuartSchema
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from daemon.api import _backends, _batches, _federation, _operations, _rollouts
-from daemon.api._errors import HTTP_TYPES, answer_for
-from daemon.api._http import REF_TEMPLATE, OpenAPIDocument, discard_body, error
-from daemon.config import Settings
-from daemon.errors import RequestError
-from daemon.tasks.registry import TaskRegistry
+from rolloutd.daemon.api import _backends, _batches, _federation, _operations, _rollouts
+from rolloutd.daemon.api._errors import HTTP_TYPES, answer_for
+from rolloutd.daemon.api._http import REF_TEMPLATE, OpenAPIDocument, discard_body, error
+from rolloutd.daemon.config import Settings
+from rolloutd.daemon.errors import RequestError
+from rolloutd.daemon.tasks.registry import TaskRegistry
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +32,11 @@ BODY_TIMEOUT_S = 60
 
 
 class Front(_rollouts.Rollouts, _batches.Batches, _federation.Peers, Protocol):
-    """Rollouts, batches and peers (``daemon.front.Front``)."""
+    """Rollouts, batches and peers (``rolloutd.daemon.front.Front``)."""
 
 
 class Parts(_operations.Operations, Protocol):
-    """What the application is built from (``daemon.node.Node``)."""
+    """What the application is built from (``rolloutd.daemon.node.Node``)."""
 
     @property
     def settings(self) -> Settings: ...
@@ -50,7 +51,8 @@ class Parts(_operations.Operations, Protocol):
 
 
 def create_app(parts: Parts) -> QuartTrio:
-    app = QuartTrio("rolloutd")
+    # root_path given: flask finds none for "rolloutd", a namespace package
+    app = QuartTrio("rolloutd", root_path=os.path.dirname(os.path.abspath(__file__)))
     settings = parts.settings
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.config["BODY_TIMEOUT"] = BODY_TIMEOUT_S

@@ -16,12 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 from quart_schema import document_request, document_response
 from quart_trio import QuartTrio
 
-from daemon.api._http import BODY_ERRORS, IdConverter, errors, json_body, parse
-from daemon.llm import RESERVED_IDS, BackendSpec, ReloadRequest
+from rolloutd.daemon.api._http import BODY_ERRORS, IdConverter, errors, json_body, parse
+from rolloutd.daemon.llm import RESERVED_IDS, BackendSpec, ReloadRequest
 
 
 class Backends(Protocol):
-    """What these routes call (``daemon.backends.Backends``)."""
+    """What these routes call (``rolloutd.daemon.backends.Backends``)."""
 
     def describe(self) -> dict[str, Any]: ...
     async def add(self, spec: dict[str, Any]) -> str: ...
@@ -60,7 +60,7 @@ class BackendId(IdConverter):
     reserved = RESERVED_IDS
 
 
-#: POST /v1/backends: a backend spec, one model per kind (``daemon.llm.BackendSpec``, whose
+#: POST /v1/backends: a backend spec, one model per kind (``rolloutd.daemon.llm.BackendSpec``, whose
 #: ``id`` names it in the pool; see docs/llm.md).
 BackendRegistration = RootModel[BackendSpec]
 

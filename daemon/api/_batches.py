@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 from quart_schema import document_querystring, document_request, document_response
 from quart_trio import QuartTrio
 
-from daemon.api._http import (
+from rolloutd.daemon.api._http import (
     BODY_ERRORS,
     NDJSON,
     documented,
@@ -30,13 +30,13 @@ from daemon.api._http import (
     parse,
     query,
 )
-from daemon.batch import Batch, BatchRequest
-from daemon.front import Cancelled
-from daemon.trajectory import Trajectory
+from rolloutd.daemon.batch import Batch, BatchRequest
+from rolloutd.daemon.front import Cancelled
+from rolloutd.daemon.trajectory import Trajectory
 
 
 class Batches(Protocol):
-    """What these routes call (``daemon.front.Front``)."""
+    """What these routes call (``rolloutd.daemon.front.Front``)."""
 
     @property
     def max_group_size(self) -> int: ...

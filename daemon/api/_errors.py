@@ -6,7 +6,7 @@ status and its message; anything else that escapes a route is a bug, answered 50
 
 from __future__ import annotations
 
-from daemon.errors import (
+from rolloutd.daemon.errors import (
     BadRequest,
     Draining,
     IdempotencyConflict,

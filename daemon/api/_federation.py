@@ -13,11 +13,11 @@ from pydantic import BaseModel
 from quart_schema import document_response, hide
 from quart_trio import QuartTrio
 
-from daemon.api._http import errors, json_body
+from rolloutd.daemon.api._http import errors, json_body
 
 
 class Peers(Protocol):
-    """What these routes call (``daemon.front.Front``)."""
+    """What these routes call (``rolloutd.daemon.front.Front``)."""
 
     def members(self) -> list[dict[str, Any]]: ...
     async def gossip(self, read_payload: Callable[[], Awaitable[Any]]) -> dict[str, Any]: ...

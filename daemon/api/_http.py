@@ -21,7 +21,7 @@ from quart import Response, request
 from quart_schema import OpenAPIProvider, document_response, security_scheme
 from werkzeug.routing import BaseConverter
 
-from daemon.errors import BadRequest, InvalidRequest
+from rolloutd.daemon.errors import BadRequest, InvalidRequest
 
 NDJSON = "application/x-ndjson"
 MAX_JSON_DEPTH = 64

@@ -15,11 +15,11 @@ from quart import Response
 from quart_schema import document_response, hide
 from quart_trio import QuartTrio
 
-from daemon.api._http import error, errors
+from rolloutd.daemon.api._http import error, errors
 
 
 class Operations(Protocol):
-    """What these routes read (``daemon.node.Node``)."""
+    """What these routes read (``rolloutd.daemon.node.Node``)."""
 
     @property
     def ready(self) -> bool: ...

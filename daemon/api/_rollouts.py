@@ -17,7 +17,7 @@ from quart import request
 from quart_schema import document_querystring, document_request, document_response
 from quart_trio import QuartTrio
 
-from daemon.api._http import (
+from rolloutd.daemon.api._http import (
     BODY_ERRORS,
     NDJSON,
     IdConverter,
@@ -28,17 +28,17 @@ from daemon.api._http import (
     parse,
     query,
 )
-from daemon.errors import BadRequest
-from daemon.forward import PeerAnswer
-from daemon.front import Cancelled
-from daemon.service import RolloutRequest, Submitted
-from daemon.trajectory import Trajectory
+from rolloutd.daemon.errors import BadRequest
+from rolloutd.daemon.forward import PeerAnswer
+from rolloutd.daemon.front import Cancelled
+from rolloutd.daemon.service import RolloutRequest, Submitted
+from rolloutd.daemon.trajectory import Trajectory
 
 MAX_STREAM_IDS = 10_000
 
 
 class Rollouts(Protocol):
-    """What these routes call (``daemon.front.Front``)."""
+    """What these routes call (``rolloutd.daemon.front.Front``)."""
 
     @property
     def max_group_size(self) -> int: ...

@@ -6,24 +6,24 @@ Public API (the daemon uses only these names)::
     ChatRenderer, ChatFamily, FAMILIES, check_extends, load_embedded_tokenizer, embedded_renderer
     SamplingParams, Completion, Backend            the backend contract
     ReloadRequest, Reloadable, load_weights, weight_files
-                                                   weight sync from a directory (daemon.llm.weights;
+                                                   weight sync from a directory (rolloutd.daemon.llm.weights;
                                                    BackendPool.reload does the whole sync)
-    LLMError and its subclasses                    the error tree (see daemon.llm.base), with
+    LLMError and its subclasses                    the error tree (see rolloutd.daemon.llm.base), with
                                                    WeightsError and ReloadUnsupported
 
-Backends live in their modules: ``daemon.llm.vllm.VLLMBackend`` and its
+Backends live in their modules: ``rolloutd.daemon.llm.vllm.VLLMBackend`` and its
 ``ModelServerBackend`` (``rolloutd model-server``, which can reload weights),
-``daemon.llm.transformers.TransformersBackend`` (embedded SmolLM2),
-``daemon.llm.scripted.ScriptedBackend`` (test double); ``daemon.llm.model_server`` serves the
-embedded model over HTTP; ``daemon.llm.spawn`` supervises ``vllm serve`` children.
+``rolloutd.daemon.llm.transformers.TransformersBackend`` (embedded SmolLM2),
+``rolloutd.daemon.llm.scripted.ScriptedBackend`` (test double); ``rolloutd.daemon.llm.model_server`` serves the
+embedded model over HTTP; ``rolloutd.daemon.llm.spawn`` supervises ``vllm serve`` children.
 
-Inside the package, modules import each other by their own names (never ``from daemon.llm
-import ...``, which would import this file), and ``daemon.llm.weights`` imports no backend,
+Inside the package, modules import each other by their own names (never ``from rolloutd.daemon.llm
+import ...``, which would import this file), and ``rolloutd.daemon.llm.weights`` imports no backend,
 pool or factory: there is no import cycle.
 """
 
-from daemon.llm._factory import RESERVED_IDS, BackendSpec, make_backend, parse_spec
-from daemon.llm.base import (
+from rolloutd.daemon.llm._factory import RESERVED_IDS, BackendSpec, make_backend, parse_spec
+from rolloutd.daemon.llm.base import (
     Backend,
     BackendRejected,
     BackendSpecError,
@@ -36,7 +36,7 @@ from daemon.llm.base import (
     RenderError,
     SamplingParams,
 )
-from daemon.llm.chat import (
+from rolloutd.daemon.llm.chat import (
     FAMILIES,
     ChatFamily,
     ChatRenderer,
@@ -44,8 +44,8 @@ from daemon.llm.chat import (
     embedded_renderer,
     load_embedded_tokenizer,
 )
-from daemon.llm.pool import BackendPool
-from daemon.llm.weights import (
+from rolloutd.daemon.llm.pool import BackendPool
+from rolloutd.daemon.llm.weights import (
     Reloadable,
     ReloadRequest,
     ReloadUnsupported,

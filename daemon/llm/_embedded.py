@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from daemon.llm.base import LLMError
+from rolloutd.daemon.llm.base import LLMError
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 _LOCK = threading.Lock()

@@ -6,8 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from daemon.llm.base import Backend, BackendSpecError
-from daemon.llm.chat import ChatRenderer
+from rolloutd.daemon.llm.base import Backend, BackendSpecError
+from rolloutd.daemon.llm.chat import ChatRenderer
 
 #: Path segments beside backend ids under /v1/backends: never an id.
 RESERVED_IDS = ("pause", "resume")
@@ -89,15 +89,15 @@ def make_backend(spec: dict[str, Any], *, renderer: ChatRenderer | None = None) 
     """
     s = parse_spec(spec)
     if isinstance(s, VLLMSpec | ModelServerSpec):
-        from daemon.llm.vllm import http_backend
+        from rolloutd.daemon.llm.vllm import http_backend
 
         return http_backend(s.url, s.model, kind=s.kind, name=s.name)
     if isinstance(s, TransformersSpec):
-        from daemon.llm.transformers import TransformersBackend
+        from rolloutd.daemon.llm.transformers import TransformersBackend
 
         return TransformersBackend(threads=s.threads)
-    from daemon.llm.chat import embedded_renderer
-    from daemon.llm.scripted import ScriptedBackend
+    from rolloutd.daemon.llm.chat import embedded_renderer
+    from rolloutd.daemon.llm.scripted import ScriptedBackend
 
     return ScriptedBackend(
         renderer or embedded_renderer(), s.replies, latency_s=s.latency_s, per_token_s=s.per_token_s

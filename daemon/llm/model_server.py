@@ -13,9 +13,9 @@ Routes (the subset of vLLM's OpenAI server that rolloutd's vllm client uses):
   as vLLM does.
 - ``GET /v1/models``, ``GET /health`` (200, empty), ``GET /metrics`` (Prometheus text).
 - ``POST /v1/reload`` ``{"path": dir, "partial": false, "version": N}``
-  (:class:`daemon.llm.weights.ReloadRequest`): weight sync; loads the ``*.safetensors`` under
+  (:class:`rolloutd.daemon.llm.weights.ReloadRequest`): weight sync; loads the ``*.safetensors`` under
   ``dir`` into the model after the generation in progress and drops the KV cache (the backend's
-  :class:`~daemon.llm.weights.Reloadable` ``reload_weights``). 400 when the weights do not fit
+  :class:`~rolloutd.daemon.llm.weights.Reloadable` ``reload_weights``). 400 when the weights do not fit
   the model.
 
 Errors have vLLM's shape (since vLLM 0.10.1, ``ErrorResponse`` in
@@ -44,9 +44,15 @@ from hypercorn.trio import serve
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from daemon.llm.base import Backend, BackendRejected, BackendUnavailable, LLMError, SamplingParams
-from daemon.llm.chat import ChatRenderer
-from daemon.llm.weights import Reloadable, ReloadRequest, WeightsError
+from rolloutd.daemon.llm.base import (
+    Backend,
+    BackendRejected,
+    BackendUnavailable,
+    LLMError,
+    SamplingParams,
+)
+from rolloutd.daemon.llm.chat import ChatRenderer
+from rolloutd.daemon.llm.weights import Reloadable, ReloadRequest, WeightsError
 
 log = logging.getLogger(__name__)
 
@@ -360,18 +366,18 @@ async def build_app(
     threads: int | None = None,
 ) -> ModelServerApp:
     """Load the tokenizer (and the model, unless ``backend="scripted"``) and build the app."""
-    from daemon.llm.chat import embedded_renderer
+    from rolloutd.daemon.llm.chat import embedded_renderer
 
     renderer = await trio.to_thread.run_sync(embedded_renderer)
     served: Backend
     if backend == "transformers":
-        from daemon.llm.transformers import TransformersBackend
+        from rolloutd.daemon.llm.transformers import TransformersBackend
 
         tb = TransformersBackend(threads=threads)
         await tb.load()
         served, name, max_len = tb, "SmolLM2-135M-Instruct", tb.max_model_len
     elif backend == "scripted":
-        from daemon.llm.scripted import ScriptedBackend
+        from rolloutd.daemon.llm.scripted import ScriptedBackend
 
         served = ScriptedBackend(renderer, replies or ["Hello from the scripted test double."], latency_s=latency_s)
         name, max_len = "scripted-test-double", renderer.context_length

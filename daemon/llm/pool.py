@@ -17,7 +17,7 @@ is retried on another; the rollout (and its group) moves there, and the completi
 for in-flight requests to drain (weight sync); :meth:`resume` lets waiting turns go on. Every
 completion is stamped with ``policy_version`` at dispatch and at return. :meth:`reload` is the
 whole weight sync from a directory for one backend (pause, load, set the version, resume; see
-:mod:`daemon.llm.weights`).
+:mod:`rolloutd.daemon.llm.weights`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 
 import trio
 
-from daemon.llm.base import (
+from rolloutd.daemon.llm.base import (
     Backend,
     BackendUnavailable,
     BadResponse,
@@ -39,7 +39,7 @@ from daemon.llm.base import (
     NoBackend,
     SamplingParams,
 )
-from daemon.llm.weights import ReloadRequest, reload_backend
+from rolloutd.daemon.llm.weights import ReloadRequest, reload_backend
 
 log = logging.getLogger(__name__)
 
@@ -201,8 +201,8 @@ class BackendPool:
 
         ``req.version`` defaults to the current version + 1. Raises ``KeyError`` for an unknown
         backend and :class:`LLMError` subclasses when loading fails (the pool resumes on the old
-        weights and version; :class:`~daemon.llm.weights.ReloadUnsupported` for a backend that
-        is not :class:`~daemon.llm.weights.Reloadable`). Returns ``{"id", "version", "path",
+        weights and version; :class:`~rolloutd.daemon.llm.weights.ReloadUnsupported` for a backend that
+        is not :class:`~rolloutd.daemon.llm.weights.Reloadable`). Returns ``{"id", "version", "path",
         "partial", "drain_s", "total_s", "backend": what the backend reported}``.
         """
         backend = self.get(backend_id)
@@ -376,6 +376,6 @@ class BackendPool:
         )
         return completion
 
-from daemon.llm._factory import make_backend  # noqa: E402  (re-exported: CONTRACTS.md names it here)
+from rolloutd.daemon.llm._factory import make_backend  # noqa: E402  (re-exported: CONTRACTS.md names it here)
 
 __all__ = ["BackendPool", "make_backend"]

@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 
 import trio
 
-from daemon.llm.base import BackendUnavailable, Completion, SamplingParams
-from daemon.llm.chat import ChatRenderer
+from rolloutd.daemon.llm.base import BackendUnavailable, Completion, SamplingParams
+from rolloutd.daemon.llm.chat import ChatRenderer
 
 LABEL = "scripted (test double)"
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import httpx
 import trio
 
-from daemon.llm.pool import BackendPool
-from daemon.llm.vllm import http_backend
+from rolloutd.daemon.llm.pool import BackendPool
+from rolloutd.daemon.llm.vllm import http_backend
 
 log = logging.getLogger(__name__)
 

@@ -32,9 +32,9 @@ from typing import Any
 
 import trio
 
-import daemon.llm._embedded as _embedded
-from daemon.llm.base import BackendRejected, BackendUnavailable, Completion, SamplingParams
-from daemon.llm.weights import load_weights
+import rolloutd.daemon.llm._embedded as _embedded
+from rolloutd.daemon.llm.base import BackendRejected, BackendUnavailable, Completion, SamplingParams
+from rolloutd.daemon.llm.weights import load_weights
 
 
 @dataclass
@@ -235,7 +235,7 @@ class TransformersBackend:
         )
 
     async def reload_weights(self, path: str, *, partial: bool = False, version: int | None = None) -> dict[str, Any]:
-        """Weight sync (:class:`~daemon.llm.weights.Reloadable`): copy the safetensors under
+        """Weight sync (:class:`~rolloutd.daemon.llm.weights.Reloadable`): copy the safetensors under
         ``path`` into the model (after the current generation, under the same limiter) and drop
         the KV cache the old weights computed. ``version`` is not recorded here (the pool keeps
         the policy version)."""

@@ -32,14 +32,14 @@ from typing import Any
 
 import httpx
 
-from daemon.llm.base import (
+from rolloutd.daemon.llm.base import (
     BackendRejected,
     BackendUnavailable,
     BadResponse,
     Completion,
     SamplingParams,
 )
-from daemon.llm.weights import RELOAD_HTTP_TIMEOUT_S, WeightsError, reload_unsupported
+from rolloutd.daemon.llm.weights import RELOAD_HTTP_TIMEOUT_S, WeightsError, reload_unsupported
 
 FINISH_REASONS = {"stop", "length", "abort"}
 
@@ -213,7 +213,7 @@ class VLLMBackend:
 
 class ModelServerBackend(VLLMBackend):
     """A ``rolloutd model-server`` at ``url`` (kind ``model-server``): the vLLM client, plus
-    weight sync through the server's own ``POST /v1/reload`` (:class:`~daemon.llm.weights.Reloadable`)."""
+    weight sync through the server's own ``POST /v1/reload`` (:class:`~rolloutd.daemon.llm.weights.Reloadable`)."""
 
     def __init__(
         self,

@@ -6,7 +6,7 @@ A trainer that holds its own copy of the policy saves the updated tensors with
     POST /v1/backends/{id}/reload   {"path": "/runs/x/step-12", "version": 12, "partial": true}
 
 That body is :class:`ReloadRequest`, also the body of ``rolloutd model-server``'s own
-``POST /v1/reload``. :meth:`daemon.llm.pool.BackendPool.reload` does the whole sync for one
+``POST /v1/reload``. :meth:`rolloutd.daemon.llm.pool.BackendPool.reload` does the whole sync for one
 pooled backend: pause the pool (no new turn starts; in-flight requests finish), load the
 weights into the backend (which also drops its prefix/KV cache, since cached keys were
 computed by the old weights), set the pool's policy version, resume. Turns sampled afterwards
@@ -18,9 +18,9 @@ A backend that can load weights implements :class:`Reloadable` (``reload_weights
 :func:`reload_backend` calls it, or raises :class:`ReloadUnsupported` for one that cannot:
 
 - ``transformers`` (embedded): in process,
-  :meth:`daemon.llm.transformers.TransformersBackend.reload_weights`;
+  :meth:`rolloutd.daemon.llm.transformers.TransformersBackend.reload_weights`;
 - ``model-server``: ``POST {url}/v1/reload`` (``rolloutd model-server``'s own route),
-  :meth:`daemon.llm.vllm.ModelServerBackend.reload_weights`;
+  :meth:`rolloutd.daemon.llm.vllm.ModelServerBackend.reload_weights`;
 - ``vllm``: refused (:class:`ReloadUnsupported`). vLLM's weight updates go through the
   trainer's own transport (NCCL / CUDA IPC, see shared research); do that between
   ``POST /v1/backends/pause`` and ``/resume`` and then ``PUT /v1/policy_version``.
@@ -31,7 +31,7 @@ same shape; with ``partial=False`` every parameter must be given (tied parameter
 SmolLM2's ``lm_head`` tied to the embeddings, count as given with their twin). Everything is
 checked before the first tensor is copied, so a bad directory leaves the model unchanged.
 
-This module imports only :mod:`daemon.llm.base` from the package (no pool, no factory, no
+This module imports only :mod:`rolloutd.daemon.llm.base` from the package (no pool, no factory, no
 backend), so every backend and the pool can import it.
 """
 
@@ -43,7 +43,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from daemon.llm.base import Backend, BackendRejected
+from rolloutd.daemon.llm.base import Backend, BackendRejected
 
 #: A reload over HTTP may read a few GB from disk; allow for it.
 RELOAD_HTTP_TIMEOUT_S = 600.0
@@ -75,7 +75,7 @@ class Reloadable(Protocol):
     model-server reports it as ``weights_version``) or ignore it. Returns what the backend
     reports (for the in-process loader: :func:`load_weights`'s dict). Raises
     :class:`WeightsError` when the weights do not fit, :class:`BackendUnavailable
-    <daemon.llm.base.BackendUnavailable>` when the backend cannot be reached.
+    <rolloutd.daemon.llm.base.BackendUnavailable>` when the backend cannot be reached.
     """
 
     async def reload_weights(self, path: str, *, partial: bool, version: int | None) -> dict[str, Any]: ...
@@ -95,7 +95,7 @@ async def reload_backend(
     backend: Backend, path: str, *, partial: bool = False, version: int | None = None
 ) -> dict[str, Any]:
     """Load the weights at ``path`` into one backend (no pausing: see
-    :meth:`daemon.llm.pool.BackendPool.reload`); :class:`ReloadUnsupported` unless it is
+    :meth:`rolloutd.daemon.llm.pool.BackendPool.reload`); :class:`ReloadUnsupported` unless it is
     :class:`Reloadable`."""
     if not isinstance(backend, Reloadable):
         raise reload_unsupported(backend)

@@ -8,10 +8,10 @@ Public API (a plug-in kind subclasses TaskHandler; see docs/tasks.md)::
     load_tasks, parse_tasks                       JSONL task files
     model_kind, describe_errors                   helpers for a kind's pydantic model
 
-The built-in kinds live in their modules (``daemon.tasks.math`` ...; ``registry.BUILTIN``).
+The built-in kinds live in their modules (``rolloutd.daemon.tasks.math`` ...; ``registry.BUILTIN``).
 """
 
-from daemon.tasks.base import (
+from rolloutd.daemon.tasks.base import (
     EvalContext,
     Prompt,
     Reward,
@@ -20,8 +20,8 @@ from daemon.tasks.base import (
     describe_errors,
     model_kind,
 )
-from daemon.tasks.jsonl import TaskFileError, load_tasks, parse_tasks
-from daemon.tasks.registry import ENTRY_POINT_GROUP, TaskRegistry
+from rolloutd.daemon.tasks.jsonl import TaskFileError, load_tasks, parse_tasks
+from rolloutd.daemon.tasks.registry import ENTRY_POINT_GROUP, TaskRegistry
 
 __all__ = [
     "ENTRY_POINT_GROUP",

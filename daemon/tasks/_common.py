@@ -20,8 +20,8 @@ from pydantic import (
 )
 
 if TYPE_CHECKING:
-    from daemon.trajectory import Trajectory
-    from sandbox import RunResult
+    from rolloutd.daemon.trajectory import Trajectory
+    from rolloutd.sandbox import RunResult
 
 #: The test runner written into evaluation sandboxes (runs pytest, or a tiny fallback).
 RUNNER_SOURCE = Path(__file__).with_name("_runner.py")

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, get_args
 
 from pydantic import BaseModel, ValidationError
 
-from daemon.errors import DaemonError
+from rolloutd.daemon.errors import DaemonError
 
 if TYPE_CHECKING:
-    from daemon.trajectory import Trajectory
-    from sandbox import Sandbox, SandboxSpec
+    from rolloutd.daemon.trajectory import Trajectory
+    from rolloutd.sandbox import Sandbox, SandboxSpec
 
 
 class TaskError(DaemonError):

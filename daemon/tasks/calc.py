@@ -30,10 +30,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
-from daemon.tasks._common import NonBlank, TaskModel, answer_text, omitted
-from daemon.tasks.base import EvalContext, Prompt, Reward, TaskHandler
-from daemon.trajectory import Trajectory
-from tools.calculator import CalculatorError, evaluate, format_result
+from rolloutd.daemon.tasks._common import NonBlank, TaskModel, answer_text, omitted
+from rolloutd.daemon.tasks.base import EvalContext, Prompt, Reward, TaskHandler
+from rolloutd.daemon.trajectory import Trajectory
+from rolloutd.tools.calculator import CalculatorError, evaluate, format_result
 
 SYSTEM = (
     "You are a calculator assistant. Always use the calculator tool for arithmetic, then "

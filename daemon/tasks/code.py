@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from daemon.tasks._common import (
+from rolloutd.daemon.tasks._common import (
     _SEGMENT,
     KNOWN_TOOLS,
     RUNNER_SOURCE,
@@ -42,9 +42,9 @@ from daemon.tasks._common import (
     tail,
     tools_type,
 )
-from daemon.tasks.base import EvalContext, Prompt, Reward, TaskHandler
-from daemon.trajectory import Trajectory
-from sandbox import Sandbox, SandboxSpec
+from rolloutd.daemon.tasks.base import EvalContext, Prompt, Reward, TaskHandler
+from rolloutd.daemon.trajectory import Trajectory
+from rolloutd.sandbox import Sandbox, SandboxSpec
 
 TEST_FILE = "test_solution.py"
 RUNNER_FILE = "_rolloutd_runner.py"

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from daemon.tasks.base import TaskError
-from daemon.tasks.registry import TaskRegistry
+from rolloutd.daemon.tasks.base import TaskError
+from rolloutd.daemon.tasks.registry import TaskRegistry
 
 
 class TaskFileError(TaskError):

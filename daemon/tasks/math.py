@@ -28,9 +28,16 @@ from typing import Any, Literal
 import trio
 from pydantic import ConfigDict, Field, model_validator
 
-from daemon.tasks._common import NonBlank, TaskModel, answer_text, answer_texts, omitted, tools_type
-from daemon.tasks.base import EvalContext, Prompt, Reward, TaskError, TaskHandler
-from daemon.trajectory import Trajectory
+from rolloutd.daemon.tasks._common import (
+    NonBlank,
+    TaskModel,
+    answer_text,
+    answer_texts,
+    omitted,
+    tools_type,
+)
+from rolloutd.daemon.tasks.base import EvalContext, Prompt, Reward, TaskError, TaskHandler
+from rolloutd.daemon.trajectory import Trajectory
 
 VERIFY_THREADS = 2
 VERIFY_TIMEOUT_S = 10.0

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from daemon.tasks.base import TaskError, TaskHandler, model_kind
+from rolloutd.daemon.tasks.base import TaskError, TaskHandler, model_kind
 
 log = logging.getLogger(__name__)
 
@@ -17,11 +17,11 @@ ENTRY_POINT_GROUP = "rolloutd.tasks"
 
 #: kind -> "module:Class" of the handlers that ship with rolloutd.
 BUILTIN = {
-    "sleep": "daemon.tasks.sleep:SleepTask",
-    "math": "daemon.tasks.math:MathTask",
-    "code": "daemon.tasks.code:CodeTask",
-    "swe": "daemon.tasks.swe:SweTask",
-    "calc": "daemon.tasks.calc:CalcTask",
+    "sleep": "rolloutd.daemon.tasks.sleep:SleepTask",
+    "math": "rolloutd.daemon.tasks.math:MathTask",
+    "code": "rolloutd.daemon.tasks.code:CodeTask",
+    "swe": "rolloutd.daemon.tasks.swe:SweTask",
+    "calc": "rolloutd.daemon.tasks.calc:CalcTask",
 }
 
 

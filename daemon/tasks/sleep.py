@@ -16,9 +16,9 @@ from typing import Annotated, Any, Literal
 import trio
 from pydantic import Field
 
-from daemon.tasks._common import Number, TaskModel
-from daemon.tasks.base import EvalContext, Prompt, Reward, TaskHandler
-from daemon.trajectory import Trajectory
+from rolloutd.daemon.tasks._common import Number, TaskModel
+from rolloutd.daemon.tasks.base import EvalContext, Prompt, Reward, TaskHandler
+from rolloutd.daemon.trajectory import Trajectory
 
 _Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 

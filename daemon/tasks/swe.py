@@ -42,7 +42,7 @@ from pydantic import (
     model_validator,
 )
 
-from daemon.tasks._common import (
+from rolloutd.daemon.tasks._common import (
     KNOWN_TOOLS,
     RUNNER_SOURCE,
     AbsPath,
@@ -56,9 +56,9 @@ from daemon.tasks._common import (
     tail,
     tools_type,
 )
-from daemon.tasks.base import EvalContext, Prompt, Reward, TaskHandler
-from daemon.trajectory import Trajectory
-from sandbox import Bind, Sandbox, SandboxSpec
+from rolloutd.daemon.tasks.base import EvalContext, Prompt, Reward, TaskHandler
+from rolloutd.daemon.trajectory import Trajectory
+from rolloutd.sandbox import Bind, Sandbox, SandboxSpec
 
 GIT_TIMEOUT_S = 120.0
 #: Junk the agent's tools leave in the workspace (it is also their HOME): never part of a patch.

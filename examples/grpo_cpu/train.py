@@ -51,9 +51,9 @@ from safetensors.torch import save_file
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from daemon.client import Client
-from daemon.llm import _embedded
 from examples.grpo_cpu.grpo import group_advantages, grpo_loss, masked_logprobs
+from rolloutd.daemon.client import Client
+from rolloutd.daemon.llm import _embedded
 
 BACKEND_ID = "policy"
 FIELDS = ["step", "version", "wall_s", "mean_reward", "samples", "tried_groups", "kept_groups",
@@ -96,7 +96,7 @@ def servers(out: Path, *, threads: int) -> Iterator[str]:
     logs = open(out / "servers.log", "ab")  # noqa: SIM115 - closed in finally
     try:
         ms = subprocess.Popen(
-            [sys.executable, "-m", "daemon.cli", "model-server", "--port", "0", "--threads", str(threads)],
+            [sys.executable, "-m", "rolloutd.daemon.cli", "model-server", "--port", "0", "--threads", str(threads)],
             stdout=subprocess.PIPE, stderr=logs, stdin=subprocess.DEVNULL, start_new_session=True)
         procs.append(ms)
         assert ms.stdout is not None
@@ -110,7 +110,7 @@ def servers(out: Path, *, threads: int) -> Iterator[str]:
                "ROLLOUTD_LOG_LEVEL": "warning"}
         daemon = subprocess.Popen(
             # calc tasks open no sandbox, so the development backend is never used here
-            [sys.executable, "-m", "daemon.cli", "serve", "--port", str(port),
+            [sys.executable, "-m", "rolloutd.daemon.cli", "serve", "--port", str(port),
              "--state-dir", str(out / "state"), "--sandbox-backend", "local"],
             stdout=logs, stderr=logs, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         procs.append(daemon)

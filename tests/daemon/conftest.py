@@ -7,10 +7,10 @@ import httpx
 import pytest
 import trio
 
-from daemon.api import create_app
-from daemon.config import Settings
-from daemon.node import Node
-from daemon.pipeline import Services
+from rolloutd.daemon.api import create_app
+from rolloutd.daemon.config import Settings
+from rolloutd.daemon.node import Node
+from rolloutd.daemon.pipeline import Services
 
 
 def make_settings(tmp_path: Path, **overrides: Any) -> Settings:

@@ -181,7 +181,7 @@ def _routes(app) -> list[tuple[str, str]]:
 
 async def test_auth_on_every_route_but_healthz(asgi, tmp_path):
     client, node = await asgi(token="t0ken")
-    from daemon.api import create_app
+    from rolloutd.daemon.api import create_app
 
     routes = _routes(create_app(node))
     assert len(routes) >= 15

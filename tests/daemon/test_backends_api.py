@@ -6,10 +6,10 @@ import httpx
 import pytest
 import trio
 
-from daemon.api import create_app
-from daemon.llm.pool import BackendPool
-from daemon.node import Node
-from daemon.pipeline import Services
+from rolloutd.daemon.api import create_app
+from rolloutd.daemon.llm.pool import BackendPool
+from rolloutd.daemon.node import Node
+from rolloutd.daemon.pipeline import Services
 
 from .conftest import make_settings
 

@@ -12,13 +12,13 @@ import httpx
 import pytest
 import trio
 
-from daemon import cli
-from daemon.api import BatchStatus, KeptGroup, create_app
-from daemon.batch import BatchRequest
-from daemon.client import AsyncClient, Client, RolloutdError
-from daemon.node import Node
-from daemon.pipeline import Services
-from daemon.tasks.registry import TaskRegistry
+from rolloutd.daemon import cli
+from rolloutd.daemon.api import BatchStatus, KeptGroup, create_app
+from rolloutd.daemon.batch import BatchRequest
+from rolloutd.daemon.client import AsyncClient, Client, RolloutdError
+from rolloutd.daemon.node import Node
+from rolloutd.daemon.pipeline import Services
+from rolloutd.daemon.tasks.registry import TaskRegistry
 
 from .conftest import make_settings
 from .test_sampling import SandboxedSleep, equal, mixed
@@ -229,7 +229,7 @@ async def test_sync_client_and_cli(served, tmp_path):
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 async def test_leftovers_release_real_sandboxes(nursery, tmp_path):
-    from sandbox import SandboxSupervisor
+    from rolloutd.sandbox import SandboxSupervisor
 
     node_settings = make_settings(tmp_path, n_init=4, n_run=4, n_eval=4)
     sup = SandboxSupervisor(default_backend="bwrap", state_dir=tmp_path / "sb", boot_id="test-boot")

@@ -7,9 +7,9 @@ import json
 import pytest
 import trio
 
-from daemon.cli import CliError, main, read_tasks
-from daemon.node import Node
-from daemon.pipeline import Services
+from rolloutd.daemon.cli import CliError, main, read_tasks
+from rolloutd.daemon.node import Node
+from rolloutd.daemon.pipeline import Services
 
 from .conftest import make_settings
 
@@ -101,7 +101,7 @@ def test_serve_started_with_signals_blocked_still_drains_on_sigterm(tmp_path):
     blocker = ("import os, signal, sys; "
                "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT}); "
                "signal.signal(signal.SIGINT, signal.SIG_IGN); "
-               f"os.execv(sys.executable, [sys.executable, '-m', 'daemon.cli', 'serve', "
+               f"os.execv(sys.executable, [sys.executable, '-m', 'rolloutd.daemon.cli', 'serve', "
                f"'--port', '{port}'])")
     log = tmp_path / "daemon.log"
     with open(log, "wb") as out:

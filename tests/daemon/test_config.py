@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.config import ConfigError, Settings, load_settings
+from rolloutd.daemon.config import ConfigError, Settings, load_settings
 
 
 def test_defaults_are_loopback_without_token():
@@ -148,7 +148,7 @@ def test_serve_with_inconsistent_federation_settings_exits_2_naming_the_setting(
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUTD_")}
     env.update(ROLLOUTD_STATE_DIR=str(tmp_path / "state"), ROLLOUTD_CACHE_DIR=str(tmp_path / "cache"),
                ROLLOUTD_SEEDS="http://127.0.0.1:9", ROLLOUTD_GOSSIP_INTERVAL_S="10")
-    proc = subprocess.run([sys.executable, "-m", "daemon.cli", "serve", "--port", "0",
+    proc = subprocess.run([sys.executable, "-m", "rolloutd.daemon.cli", "serve", "--port", "0",
                            "--sandbox-backend", "local"],
                           env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -162,8 +162,8 @@ def test_sandbox_tmpfs_size_is_a_setting_below_half_the_memory_limit(tmp_path: P
     """`/tmp` and `/dev/shm` are memory-backed and charged to the sandbox's memory limit
     (issue 15, point 2): their size is a setting, refused at load when both full would leave
     the processes no room, and it reaches the sandboxes that take the daemon's memory limit."""
-    from daemon.pipeline import Pipeline, Services
-    from sandbox import SandboxSpec
+    from rolloutd.daemon.pipeline import Pipeline, Services
+    from rolloutd.sandbox import SandboxSpec
 
     s = load_settings(environ={"ROLLOUTD_SANDBOX_TMPFS_MB": "300"})
     assert s.sandbox_tmpfs_mb == 300

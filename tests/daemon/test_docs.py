@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from daemon.config import Settings
+from rolloutd.daemon.config import Settings
 
 
 def test_readme_lists_every_setting(repo_root):

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import trio
 
-from daemon.client import AsyncClient
+from rolloutd.daemon.client import AsyncClient
 
 from .conftest import sleep_task
 
@@ -26,7 +26,7 @@ async def start_daemon(tmp_path, port: int, nursery: trio.Nursery, **env: str) -
     environ = dict(os.environ, ROLLOUTD_STATE_DIR=str(tmp_path / "state"), ROLLOUTD_LOG_LEVEL="warning",
                    ROLLOUTD_SANDBOX_BACKEND="local", **env)
     proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "daemon.cli", "serve", "--port", str(port)], env=environ
+        [sys.executable, "-m", "rolloutd.daemon.cli", "serve", "--port", str(port)], env=environ
     )
     url = f"http://127.0.0.1:{port}"
     with trio.fail_after(30):

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-import daemon
-from daemon import api, llm, tasks
-from daemon.errors import DaemonError
+from rolloutd import daemon
+from rolloutd.daemon import api, llm, tasks
+from rolloutd.daemon.errors import DaemonError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -100,9 +100,9 @@ def test_every_daemon_error_is_a_daemon_error() -> None:
 
 
 def test_every_request_error_has_an_answer() -> None:
-    from daemon.api import ANSWERS
-    from daemon.api._errors import answer_for
-    from daemon.errors import RequestError
+    from rolloutd.daemon.api import ANSWERS
+    from rolloutd.daemon.api._errors import answer_for
+    from rolloutd.daemon.errors import RequestError
 
     for cls in _error_classes():
         if issubclass(cls, RequestError) and cls is not RequestError:

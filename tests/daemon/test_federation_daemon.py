@@ -7,11 +7,11 @@ import socket
 
 import trio
 
-from daemon.client import AsyncClient
-from daemon.llm.pool import BackendPool, make_backend
-from daemon.node import Node
-from daemon.pipeline import Services
-from daemon.trajectory import Stage
+from rolloutd.daemon.client import AsyncClient
+from rolloutd.daemon.llm.pool import BackendPool, make_backend
+from rolloutd.daemon.node import Node
+from rolloutd.daemon.pipeline import Services
+from rolloutd.daemon.trajectory import Stage
 
 from .conftest import make_settings, sleep_task
 
@@ -131,7 +131,7 @@ async def test_peers_with_the_wrong_token_do_not_join(tmp_path, nursery):
 
 
 async def test_status_federation_prints_the_member_table(tmp_path, nursery, monkeypatch, capsys):
-    from daemon.cli import main
+    from rolloutd.daemon.cli import main
 
     cluster = await start_cluster(tmp_path, nursery)
     front = cluster[0][0]

@@ -8,10 +8,10 @@ import httpx
 import trio
 import trio.testing
 
-from daemon.client import AsyncClient
-from daemon.journal import Journal
-from daemon.node import Node
-from daemon.pipeline import Services
+from rolloutd.daemon.client import AsyncClient
+from rolloutd.daemon.journal import Journal
+from rolloutd.daemon.node import Node
+from rolloutd.daemon.pipeline import Services
 
 from .conftest import make_settings, sleep_task
 
@@ -61,7 +61,7 @@ async def test_results_survive_restart_and_crashed_jobs_are_lost(tmp_path):
 async def test_sync_makes_submitted_jobs_durable_at_once(tmp_path, autojump_clock):
     """``sync`` writes at once (not after the flush interval) and returns only when the rows
     are in the file another process would read; later changes stay batched."""
-    from daemon.journal import FLUSH_INTERVAL_S
+    from rolloutd.daemon.journal import FLUSH_INTERVAL_S
 
     path = tmp_path / "journal.sqlite3"
     journal = Journal(path, boot_id="boot-a", ttl_s=60)

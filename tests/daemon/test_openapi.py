@@ -9,12 +9,12 @@ import httpx
 import pytest
 import trio
 
-from daemon.agent import NUDGE
-from daemon.api import create_app
-from daemon.llm.chat import ChatRenderer, embedded_renderer
-from daemon.llm.pool import BackendPool
-from daemon.node import Node
-from daemon.pipeline import Services
+from rolloutd.daemon.agent import NUDGE
+from rolloutd.daemon.api import create_app
+from rolloutd.daemon.llm.chat import ChatRenderer, embedded_renderer
+from rolloutd.daemon.llm.pool import BackendPool
+from rolloutd.daemon.node import Node
+from rolloutd.daemon.pipeline import Services
 
 from .conftest import make_settings
 
@@ -60,7 +60,7 @@ async def test_require_tool_call_is_set_over_http(agent_client):
 
 
 async def test_every_agent_limit_is_in_the_api_schema(agent_client):
-    from daemon.agent import AgentLimits
+    from rolloutd.daemon.agent import AgentLimits
 
     doc = (await agent_client.get("/openapi.json")).json()
     limits = doc["components"]["schemas"]["AgentLimits"]
@@ -173,7 +173,7 @@ async def test_reserved_path_segments_are_no_ids(asgi):
 
 
 async def test_backend_spec_is_the_factory_model(agent_client):
-    """POST /v1/backends is documented and parsed with daemon.llm's spec models (one per
+    """POST /v1/backends is documented and parsed with rolloutd.daemon.llm's spec models (one per
     kind, unknown keys refused), and an id that is a fixed path segment is refused."""
     client = agent_client
     doc = (await client.get("/openapi.json")).json()

@@ -8,9 +8,9 @@ import weakref
 import pytest
 import trio
 
-from daemon.errors import QueueFullError
-from daemon.service import RolloutRequest
-from daemon.trajectory import Stage, Status
+from rolloutd.daemon.errors import QueueFullError
+from rolloutd.daemon.service import RolloutRequest
+from rolloutd.daemon.trajectory import Stage, Status
 
 from .conftest import sleep_task
 
@@ -99,8 +99,8 @@ async def test_a_withdrawn_job_leaves_the_queue_for_good():
     """``JobQueue.remove`` drops the job itself, not only its slot: a job cancelled while
     queued is no longer referenced by the queue (it used to stay in the heap, task and all,
     until a worker popped it), and the others keep their priority order."""
-    from daemon.jobs import Job, JobQueue, JobRequest
-    from daemon.tasks.sleep import SleepTask
+    from rolloutd.daemon.jobs import Job, JobQueue, JobRequest
+    from rolloutd.daemon.tasks.sleep import SleepTask
 
     queue = JobQueue(3)
     jobs = [Job(JobRequest(task=sleep_task(), handler=SleepTask(), timeout_s=1, priority=p),

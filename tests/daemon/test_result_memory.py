@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import trio
 
-from daemon.batch import BatchEnded
-from daemon.jobs import JobFinished
+from rolloutd.daemon.batch import BatchEnded
+from rolloutd.daemon.jobs import JobFinished
 
 from .conftest import sleep_task
 from .test_sampling import equal, mixed
@@ -76,7 +76,7 @@ async def test_finished_results_do_not_keep_their_task_bodies(asgi):
 async def test_ended_batches_do_not_keep_their_prompts(asgi, nursery, autojump_clock, caplog):
     # pytest keeps every log record; a failed job's record holds its exception, whose frames
     # hold the task. The daemon's handlers format and drop records at once.
-    caplog.set_level(logging.ERROR, logger="daemon.pipeline")
+    caplog.set_level(logging.ERROR, logger="rolloutd.daemon.pipeline")
     client, node = await asgi(max_body_bytes=6 * BODY_CHARS)
     await nursery.start(node.sampler.run)
     letters = itertools.count()

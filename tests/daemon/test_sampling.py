@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 import trio
 
-from daemon.batch import BatchEnded, BatchRequest, BatchState, GroupFilter, GroupState
-from daemon.errors import Draining, InvalidTask
-from daemon.node import Node
-from daemon.pipeline import Services
-from daemon.tasks.base import Prompt, Reward, TaskHandler
-from daemon.tasks.registry import TaskRegistry
-from daemon.tasks.sleep import SleepTask
-from daemon.trajectory import Status
-from sandbox import SandboxSpec
+from rolloutd.daemon.batch import BatchEnded, BatchRequest, BatchState, GroupFilter, GroupState
+from rolloutd.daemon.errors import Draining, InvalidTask
+from rolloutd.daemon.node import Node
+from rolloutd.daemon.pipeline import Services
+from rolloutd.daemon.tasks.base import Prompt, Reward, TaskHandler
+from rolloutd.daemon.tasks.registry import TaskRegistry
+from rolloutd.daemon.tasks.sleep import SleepTask
+from rolloutd.daemon.trajectory import Status
+from rolloutd.sandbox import SandboxSpec
 
 from .conftest import make_settings
 
@@ -350,7 +350,7 @@ class ChatTask(TaskHandler):
 
 @pytest.fixture(scope="module")
 def renderer():
-    from daemon.llm.chat import ChatRenderer, load_embedded_tokenizer
+    from rolloutd.daemon.llm.chat import ChatRenderer, load_embedded_tokenizer
 
     return ChatRenderer.for_tokenizer(load_embedded_tokenizer())
 
@@ -358,8 +358,8 @@ def renderer():
 async def test_groups_share_a_backend_and_leftovers_abort_llm_requests(
     nursery, tmp_path, renderer, autojump_clock
 ):
-    from daemon.llm.pool import BackendPool
-    from daemon.llm.scripted import ScriptedBackend
+    from rolloutd.daemon.llm.pool import BackendPool
+    from rolloutd.daemon.llm.scripted import ScriptedBackend
 
     pool = BackendPool(health_interval_s=3600)
     await nursery.start(pool.run)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import trio
 
-from daemon.client import AsyncClient, RolloutdError
-from daemon.node import Node
-from daemon.pipeline import Services
+from rolloutd.daemon.client import AsyncClient, RolloutdError
+from rolloutd.daemon.node import Node
+from rolloutd.daemon.pipeline import Services
 
 from .conftest import make_settings, sleep_task
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from daemon._sdnotify import Notifier
+from rolloutd.daemon._sdnotify import Notifier
 from tests.hostile._daemon import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,7 +73,7 @@ def test_serve_notifies_ready_only_once_it_answers_http_and_stopping_on_sigterm(
                ROLLOUTD_CACHE_DIR=str(tmp_path / "cache"), ROLLOUTD_SANDBOX_BACKEND="bwrap")
     log = tmp_path / "daemon.log"
     with receiver(address) as sock, open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "daemon.cli", "serve", "--port", str(port)],
+        proc = subprocess.Popen([sys.executable, "-m", "rolloutd.daemon.cli", "serve", "--port", str(port)],
                                 env=env, cwd=REPO, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
         try:
             sock.settimeout(90)

@@ -14,7 +14,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
-from federation import (
+from rolloutd.federation import (
     GOSSIP_PATH,
     MEMBERS_PATH,
     Capacity,
@@ -25,7 +25,7 @@ from federation import (
     forward_headers,
     is_forwarded,
 )
-from federation.testing import InProcessNetwork
+from rolloutd.federation.testing import InProcessNetwork
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import federation
+from rolloutd import federation
 
 EXPECTED = {
     "FORWARDED_HEADER",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from federation import DuplicateJobError, FederationError, ForwardedJobs
+from rolloutd.federation import DuplicateJobError, FederationError, ForwardedJobs
 
 
 def test_track_discard_and_fail():

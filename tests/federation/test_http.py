@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import trio
 
-from federation import FORWARDED_HEADER, MEMBERS_PATH
+from rolloutd.federation import FORWARDED_HEADER, MEMBERS_PATH
 
 from .conftest import open_servers
 

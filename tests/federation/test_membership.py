@@ -7,8 +7,8 @@ import math
 import pytest
 import trio
 
-from federation import Federation, MemberState
-from federation.testing import InProcessNetwork
+from rolloutd.federation import Federation, MemberState
+from rolloutd.federation.testing import InProcessNetwork
 
 from .conftest import Cap, open_cluster
 

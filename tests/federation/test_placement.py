@@ -7,7 +7,7 @@ from collections import Counter
 
 import trio
 
-from federation import Federation, ForwardedJobs, Member, MemberState, Placement
+from rolloutd.federation import Federation, ForwardedJobs, Member, MemberState, Placement
 
 from .conftest import Cap, open_cluster
 

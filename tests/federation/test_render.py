@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from federation import Federation, render_members
+from rolloutd.federation import Federation, render_members
 
 from .conftest import Cap
 

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from federation import SlurmError, slurm_seeds
+from rolloutd.federation import SlurmError, slurm_seeds
 
 needs_scontrol = pytest.mark.skipif(shutil.which("scontrol") is None, reason="no scontrol")
 

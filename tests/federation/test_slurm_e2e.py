@@ -36,7 +36,7 @@ import httpx
 import pytest
 import trio
 
-from federation import MEMBERS_PATH
+from rolloutd.federation import MEMBERS_PATH
 
 REPO = Path(__file__).resolve().parents[2]
 SBATCH = REPO / "contrib" / "slurm" / "rolloutd.sbatch"

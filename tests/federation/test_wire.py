@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from federation import (
+from rolloutd.federation import (
     FORWARDED_HEADER,
     Federation,
     GossipPayloadError,

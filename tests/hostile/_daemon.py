@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 import trio
 
-from sandbox._launcher import NAME as LAUNCHER
-from sandbox._limits import _own_cgroups
+from rolloutd.sandbox._launcher import NAME as LAUNCHER
+from rolloutd.sandbox._limits import _own_cgroups
 from tests.sandbox.conftest import marked_pids as sandbox_pids
 
 REPO = Path(__file__).resolve().parents[2]
@@ -116,7 +116,7 @@ def rss_mb(pid: int) -> float:
 
 
 def boot_tag(boot_id: str) -> str:
-    from sandbox._layout import boot_tag as tag
+    from rolloutd.sandbox._layout import boot_tag as tag
 
     return tag(boot_id)
 
@@ -169,7 +169,7 @@ class Daemon:
             env[f"ROLLOUTD_{key.upper()}"] = json.dumps(value) if isinstance(value, list | dict) else str(value)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "daemon.cli", "serve", "--port", str(self.port)],
+                [sys.executable, "-m", "rolloutd.daemon.cli", "serve", "--port", str(self.port)],
                 env=env, cwd=str(REPO), stdout=log, stderr=log, stdin=subprocess.DEVNULL,
             )
         deadline = time.monotonic() + 90
@@ -248,7 +248,7 @@ class ModelServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start_sync(self) -> None:
-        argv = [sys.executable, "-m", "daemon.llm.model_server", "--backend", "scripted",
+        argv = [sys.executable, "-m", "rolloutd.daemon.llm.model_server", "--backend", "scripted",
                 "--port", str(self.port), "--latency-s", str(self.latency_s)]
         for reply in self.replies:
             argv += ["--reply", reply]

@@ -10,9 +10,10 @@ import httpx
 import pytest
 import trio
 
-import daemon.node
-from daemon.node import Node
-from daemon.pipeline import Services
+import rolloutd.daemon.node  # noqa: F401
+from rolloutd import daemon
+from rolloutd.daemon.node import Node
+from rolloutd.daemon.pipeline import Services
 from tests.daemon.conftest import make_settings
 
 TRICKLERS = 100

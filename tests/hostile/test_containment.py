@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import trio
 
-from sandbox import SandboxSpec, open_backend
-from sandbox._layout import boot_tag
+from rolloutd.sandbox import SandboxSpec, open_backend
+from rolloutd.sandbox._layout import boot_tag
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 
@@ -160,7 +160,7 @@ async def test_fd_exhaustion_hits_emfile_inside(bwrap: Any) -> None:
 
 TIOCSTI_CHILD = r'''
 import fcntl, json, os, sys, termios, trio
-from sandbox import SandboxSpec, open_backend
+from rolloutd.sandbox import SandboxSpec, open_backend
 
 ATTACK = ("import fcntl, termios, os\n"
           "for fd in (0, 1, 2):\n"
@@ -311,7 +311,7 @@ print("\n".join(out))
 
 def _helper_fds(sb: Any) -> list[str]:
     """Where the helper's fds lead, seen from the host (its pid is the launcher's child)."""
-    from sandbox._backend import first_child
+    from rolloutd.sandbox._backend import first_child
 
     launcher = int((sb.control_dir.parent / "pid").read_text().split()[0])
     helper = first_child(launcher)

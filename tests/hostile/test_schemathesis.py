@@ -50,7 +50,7 @@ async def test_schemathesis_all_checks_pass(tmp_path: Path):
         ROLLOUTD_MAX_SAMPLES_PER_REQUEST="4",
     )
     daemon = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "daemon.cli", "serve", "--port", str(port)], env=env
+        [sys.executable, "-m", "rolloutd.daemon.cli", "serve", "--port", str(port)], env=env
     )
     try:
         with trio.fail_after(30):

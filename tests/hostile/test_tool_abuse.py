@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from sandbox import SandboxSpec, open_backend
-from tools import open_toolbox
+from rolloutd.sandbox import SandboxSpec, open_backend
+from rolloutd.tools import open_toolbox
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 

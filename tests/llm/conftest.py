@@ -1,4 +1,4 @@
-"""Fixtures for daemon.llm tests: the real tokenizer (fast), the real tiny model (loaded once
+"""Fixtures for rolloutd.daemon.llm tests: the real tokenizer (fast), the real tiny model (loaded once
 per session, tests marked ``model``), and model-server processes (scripted or real)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 import trio
 
-from daemon.llm.chat import ChatRenderer, load_embedded_tokenizer
+from rolloutd.daemon.llm.chat import ChatRenderer, load_embedded_tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -30,7 +30,7 @@ def renderer(tokenizer) -> ChatRenderer:
 @pytest.fixture(scope="session")
 def model_backend():
     """The embedded SmolLM2 backend, loaded once (blocking load outside any trio run)."""
-    from daemon.llm.transformers import TransformersBackend
+    from rolloutd.daemon.llm.transformers import TransformersBackend
 
     backend = TransformersBackend()
     backend._gen = backend._load_sync()
@@ -49,9 +49,9 @@ class ServerProc:
 
 @asynccontextmanager
 async def open_model_server(*args: str) -> AsyncIterator[ServerProc]:
-    """A ``python -m daemon.llm.model_server --port 0 ARGS`` child; killed and reaped on exit."""
+    """A ``python -m rolloutd.daemon.llm.model_server --port 0 ARGS`` child; killed and reaped on exit."""
     proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "daemon.llm.model_server", "--port", "0", *args],
+        [sys.executable, "-m", "rolloutd.daemon.llm.model_server", "--port", "0", *args],
         stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True,
     )
     try:

@@ -5,13 +5,13 @@ from dataclasses import dataclass, replace
 import pytest
 import trio
 
-from daemon.agent import AgentLimits, run_agent
-from daemon.llm.base import Completion, PrefixMismatch, SamplingParams
-from daemon.llm.chat import FAMILIES, ChatRenderer
-from daemon.llm.pool import BackendPool
-from daemon.llm.scripted import ScriptedBackend, fake_logprob
-from daemon.tasks.base import Prompt
-from daemon.trajectory import Trajectory
+from rolloutd.daemon.agent import AgentLimits, run_agent
+from rolloutd.daemon.llm.base import Completion, PrefixMismatch, SamplingParams
+from rolloutd.daemon.llm.chat import FAMILIES, ChatRenderer
+from rolloutd.daemon.llm.pool import BackendPool
+from rolloutd.daemon.llm.scripted import ScriptedBackend, fake_logprob
+from rolloutd.daemon.tasks.base import Prompt
+from rolloutd.daemon.trajectory import Trajectory
 
 P = SamplingParams(temperature=1.0)
 PROMPT = Prompt(messages=[{"role": "user", "content": "What is 6*7?"}], tools=["bash", "finish"])

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from daemon.llm.base import PrefixMismatch, RenderError
-from daemon.llm.chat import FAMILIES, ChatRenderer, check_extends
+from rolloutd.daemon.llm.base import PrefixMismatch, RenderError
+from rolloutd.daemon.llm.chat import FAMILIES, ChatRenderer, check_extends
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a command",
           "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}]

@@ -8,13 +8,13 @@ import sys
 
 import trio
 
-from daemon.agent import AgentLimits, run_agent
-from daemon.llm.base import SamplingParams
-from daemon.llm.pool import BackendPool
-from daemon.llm.spawn import ServerSpec, supervise_server, vllm_serve_argv
-from daemon.llm.vllm import ModelServerBackend
-from daemon.tasks.base import Prompt
-from daemon.trajectory import Trajectory
+from rolloutd.daemon.agent import AgentLimits, run_agent
+from rolloutd.daemon.llm.base import SamplingParams
+from rolloutd.daemon.llm.pool import BackendPool
+from rolloutd.daemon.llm.spawn import ServerSpec, supervise_server, vllm_serve_argv
+from rolloutd.daemon.llm.vllm import ModelServerBackend
+from rolloutd.daemon.tasks.base import Prompt
+from rolloutd.daemon.trajectory import Trajectory
 
 from .conftest import open_model_server
 from .test_agent import FakeToolbox, call
@@ -72,7 +72,7 @@ async def test_supervisor_restarts_a_dead_server():
     port = _free_port()
     spec = ServerSpec(
         backend_id="spawned-0", port=port, kind="model-server", restart_backoff_s=0.1, startup_timeout_s=60,
-        argv=[sys.executable, "-m", "daemon.llm.model_server", "--backend", "scripted", "--port", "{port}"],
+        argv=[sys.executable, "-m", "rolloutd.daemon.llm.model_server", "--backend", "scripted", "--port", "{port}"],
     )
     pool = BackendPool(health_interval_s=0.5)
     async with trio.open_nursery() as nursery:
@@ -103,7 +103,7 @@ def _listener_pid(port):
                     cmd = f.read().split(b"\0")
             except OSError:
                 continue
-            if b"daemon.llm.model_server" in cmd and str(port).encode() in cmd:
+            if b"rolloutd.daemon.llm.model_server" in cmd and str(port).encode() in cmd:
                 return int(entry)
     raise AssertionError("no server process")
 

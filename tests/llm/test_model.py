@@ -3,14 +3,14 @@
 import pytest
 import trio
 
-from daemon.agent import AgentLimits, run_agent
-from daemon.llm.base import SamplingParams
-from daemon.llm.chat import check_extends
-from daemon.llm.pool import BackendPool
-from daemon.llm.transformers import process_logits
-from daemon.llm.vllm import ModelServerBackend
-from daemon.tasks.base import Prompt
-from daemon.trajectory import Trajectory
+from rolloutd.daemon.agent import AgentLimits, run_agent
+from rolloutd.daemon.llm.base import SamplingParams
+from rolloutd.daemon.llm.chat import check_extends
+from rolloutd.daemon.llm.pool import BackendPool
+from rolloutd.daemon.llm.transformers import process_logits
+from rolloutd.daemon.llm.vllm import ModelServerBackend
+from rolloutd.daemon.tasks.base import Prompt
+from rolloutd.daemon.trajectory import Trajectory
 
 from .conftest import open_model_server
 from .test_agent import FakeToolbox

@@ -1,6 +1,6 @@
 """Tool-call parsers: well-formed calls, and malformed ones turned into messages for the model."""
 
-from daemon.llm.parsers import (
+from rolloutd.daemon.llm.parsers import (
     error_observation,
     get_parser,
     parse_hermes,

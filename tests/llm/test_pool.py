@@ -3,9 +3,9 @@
 import pytest
 import trio
 
-from daemon.llm.base import NoBackend, SamplingParams
-from daemon.llm.pool import BackendPool, make_backend
-from daemon.llm.scripted import LABEL, ScriptedBackend
+from rolloutd.daemon.llm.base import NoBackend, SamplingParams
+from rolloutd.daemon.llm.pool import BackendPool, make_backend
+from rolloutd.daemon.llm.scripted import LABEL, ScriptedBackend
 
 P = SamplingParams()
 
@@ -137,8 +137,8 @@ async def test_remove_moves_sticky_rollouts(renderer, autojump_clock):
 
 
 def test_make_backend_specs(renderer):
-    from daemon.llm.base import BackendSpecError
-    from daemon.llm.vllm import VLLMBackend
+    from rolloutd.daemon.llm.base import BackendSpecError
+    from rolloutd.daemon.llm.vllm import VLLMBackend
 
     b = make_backend({"kind": "vllm", "url": "http://127.0.0.1:1/", "model": "m"})
     assert isinstance(b, VLLMBackend) and b.url == "http://127.0.0.1:1" and b.kind == "vllm"

@@ -10,9 +10,14 @@ import httpx
 import pytest
 import trio
 
-from daemon.llm.base import BackendRejected, BackendUnavailable, BadResponse, SamplingParams
-from daemon.llm.model_server import ModelServerApp
-from daemon.llm.vllm import ModelServerBackend, VLLMBackend
+from rolloutd.daemon.llm.base import (
+    BackendRejected,
+    BackendUnavailable,
+    BadResponse,
+    SamplingParams,
+)
+from rolloutd.daemon.llm.model_server import ModelServerApp
+from rolloutd.daemon.llm.vllm import ModelServerBackend, VLLMBackend
 
 from .conftest import open_model_server
 

@@ -1,5 +1,5 @@
-"""daemon.llm.weights: the Reloadable protocol, BackendPool.reload over test doubles (no model),
-the one ReloadRequest, and no import cycle inside daemon.llm."""
+"""rolloutd.daemon.llm.weights: the Reloadable protocol, BackendPool.reload over test doubles (no model),
+the one ReloadRequest, and no import cycle inside rolloutd.daemon.llm."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ from typing import Any
 import pytest
 import trio
 
-import daemon.llm
-from daemon.llm.base import BackendRejected, BackendUnavailable, LLMError
-from daemon.llm.pool import BackendPool, make_backend
-from daemon.llm.scripted import ScriptedBackend
-from daemon.llm.vllm import ModelServerBackend, VLLMBackend
-from daemon.llm.weights import (
+import rolloutd.daemon.llm  # noqa: F401
+from rolloutd import daemon
+from rolloutd.daemon.llm.base import BackendRejected, BackendUnavailable, LLMError
+from rolloutd.daemon.llm.pool import BackendPool, make_backend
+from rolloutd.daemon.llm.scripted import ScriptedBackend
+from rolloutd.daemon.llm.vllm import ModelServerBackend, VLLMBackend
+from rolloutd.daemon.llm.weights import (
     Reloadable,
     ReloadRequest,
     ReloadUnsupported,
@@ -104,8 +105,8 @@ async def test_model_server_reload_unreachable():
 
 
 def test_one_reload_request():
-    from daemon import api
-    from daemon.llm import model_server
+    from rolloutd.daemon import api
+    from rolloutd.daemon.llm import model_server
 
     assert api.ReloadRequest is model_server.ReloadRequest is daemon.llm.ReloadRequest is ReloadRequest
     with pytest.raises(ValueError):

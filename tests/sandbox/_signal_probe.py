@@ -17,8 +17,8 @@ from typing import Any
 
 import trio
 
-from sandbox import SandboxSpec, open_backend
-from sandbox._backend import first_child
+from rolloutd.sandbox import SandboxSpec, open_backend
+from rolloutd.sandbox._backend import first_child
 
 #: What a command prints: its pid, then its own signal masks (an exec'd grep reads them:
 #: dash blocks every signal while it waits for a child).

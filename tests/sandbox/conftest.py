@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import open_backend
-from sandbox._layout import boot_tag
+from rolloutd.sandbox import open_backend
+from rolloutd.sandbox._layout import boot_tag
 
 ALL_BACKENDS = ("bwrap", "local", "apptainer")
 
@@ -117,7 +117,7 @@ async def backend(backend_name, state_dir, boot_id, leak_check):
 @pytest.fixture
 def base_spec(backend_name):
     """The spec every conformance test starts from (apptainer needs an image)."""
-    from sandbox import SandboxSpec
+    from rolloutd.sandbox import SandboxSpec
 
     if backend_name == "apptainer":
         return SandboxSpec(image=os.environ["ROLLOUTD_TEST_SIF"])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox import Bind, SandboxSpec, SandboxStartError, open_backend
-from sandbox._apptainer import (
+from rolloutd.sandbox import Bind, SandboxSpec, SandboxStartError, open_backend
+from rolloutd.sandbox._apptainer import (
     exec_argv,
     instance_name,
     overlay_argv,

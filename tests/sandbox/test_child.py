@@ -7,7 +7,7 @@ import os
 import trio
 import trio.testing
 
-from sandbox._child import ChildProcess
+from rolloutd.sandbox._child import ChildProcess
 
 
 async def test_several_tasks_wait_for_one_child():

@@ -10,7 +10,7 @@ import signal
 import pytest
 import trio
 
-from sandbox import PathEscapeError, SandboxClosed, SandboxSpec
+from rolloutd.sandbox import PathEscapeError, SandboxClosed, SandboxSpec
 
 from .conftest import marked_pids
 
@@ -352,7 +352,7 @@ async def test_control_dir_path_is_the_same_inside(backend, base_spec):
 
 async def test_spec_backend_mismatch_is_refused(backend, base_spec):
     other = "local" if backend.name != "local" else "bwrap"
-    from sandbox import SandboxStartError
+    from rolloutd.sandbox import SandboxStartError
 
     with pytest.raises(SandboxStartError):
         async with backend.open(base_spec.model_copy(update={"backend": other})):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import types
 
-import sandbox
+from rolloutd import sandbox
 
 EXPECTED = {
     "BACKENDS",

@@ -15,7 +15,7 @@ import socket
 import pytest
 import trio
 
-from sandbox import PathEscapeError, SandboxSpec
+from rolloutd.sandbox import PathEscapeError, SandboxSpec
 
 from .conftest import marked_pids
 
@@ -212,8 +212,8 @@ async def test_sandbox_stderr_is_a_capped_pipe_never_a_host_file(state_dir, boot
     stderr goes to a non-blocking pipe the daemon reads: a flood neither grows a host file
     (before: <sandbox dir>/helper.log, uncapped) nor holds the writer up, and the daemon
     keeps at most LOG_MAX_BYTES of it."""
-    from sandbox._launcher import LOG_MAX_BYTES, Launcher
-    from sandbox._layout import Layout
+    from rolloutd.sandbox._launcher import LOG_MAX_BYTES, Launcher
+    from rolloutd.sandbox._layout import Layout
 
     dirs = Layout(state_dir, boot_id).new()
     flood = "head -c 10000000 /dev/zero | tr '\\0' x >&2; echo done"

@@ -10,8 +10,8 @@ import pytest
 import trio
 import trio.testing
 
-from sandbox import SandboxClosed
-from sandbox._protocol import HelperClient
+from rolloutd.sandbox import SandboxClosed
+from rolloutd.sandbox._protocol import HelperClient
 
 
 async def test_a_helper_that_exits_with_the_request_queued_is_closed():

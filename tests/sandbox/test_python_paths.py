@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from sandbox._bwrap import python_paths
+from rolloutd.sandbox._bwrap import python_paths
 
 HIDDEN = ("/tmp", "/dev/shm", "/run")
 

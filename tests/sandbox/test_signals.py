@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from sandbox import SandboxSpec, _backend, _helper, open_backend
+from rolloutd.sandbox import SandboxSpec, _backend, _helper, open_backend
 
 from ._signal_probe import host_pids
 from .conftest import marked_pids

@@ -9,8 +9,8 @@ import signal
 import pytest
 import trio
 
-from sandbox import SandboxSpec, SandboxStartError, open_backend
-from sandbox._launcher import NAME
+from rolloutd.sandbox import SandboxSpec, SandboxStartError, open_backend
+from rolloutd.sandbox._launcher import NAME
 
 from ..conftest import descendants
 

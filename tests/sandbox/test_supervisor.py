@@ -12,8 +12,8 @@ import textwrap
 import pytest
 import trio
 
-import sandbox
-from sandbox import SandboxClosed, SandboxSpec, SandboxStartError, SandboxSupervisor
+from rolloutd import sandbox
+from rolloutd.sandbox import SandboxClosed, SandboxSpec, SandboxStartError, SandboxSupervisor
 
 from .conftest import marked_pids
 
@@ -79,7 +79,7 @@ async def test_missing_backend_fails_loudly(state_dir, boot_id):
 
 
 async def test_local_backend_warns_on_every_open(state_dir, boot_id, leak_check, caplog):
-    from sandbox import open_backend
+    from rolloutd.sandbox import open_backend
 
     backend = open_backend("local", state_dir=state_dir, boot_id=boot_id)
     caplog.set_level(logging.WARNING)
@@ -92,7 +92,7 @@ async def test_local_backend_warns_on_every_open(state_dir, boot_id, leak_check,
 
 CRASHING_DAEMON = textwrap.dedent("""
     import os, sys, trio
-    from sandbox import open_backend, SandboxSpec
+    from rolloutd.sandbox import open_backend, SandboxSpec
     async def main():
         backend = open_backend(sys.argv[1], state_dir=sys.argv[2], boot_id="oldboot")
         async with backend.open(SandboxSpec()) as sb:
@@ -125,7 +125,7 @@ async def test_sweep_removes_leftovers_of_a_crashed_boot(name, state_dir, boot_i
 
 
 async def test_sweep_spares_a_live_sibling(state_dir, boot_id, leak_check):
-    from sandbox import open_backend
+    from rolloutd.sandbox import open_backend
 
     sibling = open_backend("local", state_dir=state_dir, boot_id="sibling")
     async with sibling.open(SandboxSpec()) as sb:

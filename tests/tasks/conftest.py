@@ -12,16 +12,16 @@ from typing import Any
 import pytest
 import trio
 
-from daemon.config import Settings
-from daemon.jobs import Job
-from daemon.llm.chat import ChatRenderer, embedded_renderer
-from daemon.llm.pool import BackendPool
-from daemon.llm.scripted import ScriptedBackend
-from daemon.node import Node
-from daemon.pipeline import Services
-from daemon.service import RolloutRequest
-from daemon.trajectory import Trajectory
-from sandbox import SandboxSupervisor
+from rolloutd.daemon.config import Settings
+from rolloutd.daemon.jobs import Job
+from rolloutd.daemon.llm.chat import ChatRenderer, embedded_renderer
+from rolloutd.daemon.llm.pool import BackendPool
+from rolloutd.daemon.llm.scripted import ScriptedBackend
+from rolloutd.daemon.node import Node
+from rolloutd.daemon.pipeline import Services
+from rolloutd.daemon.service import RolloutRequest
+from rolloutd.daemon.trajectory import Trajectory
+from rolloutd.sandbox import SandboxSupervisor
 
 BACKEND = "bwrap" if shutil.which("bwrap") else "local"
 
@@ -96,6 +96,6 @@ async def harness(nursery: trio.Nursery, short_tmp: Path) -> Harness:
 
 @pytest.fixture(scope="session")
 def swe_tasks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    from daemon.tasks.swe_examples import make_swe_repos
+    from rolloutd.daemon.tasks.swe_examples import make_swe_repos
 
     return make_swe_repos(tmp_path_factory.mktemp("swe-repos"))

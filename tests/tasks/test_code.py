@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from daemon.tasks.base import TaskError
-from daemon.tasks.code import CodeTask, normalise_output
-from daemon.tasks.registry import TaskRegistry
-from daemon.trajectory import Status
+from rolloutd.daemon.tasks.base import TaskError
+from rolloutd.daemon.tasks.code import CodeTask, normalise_output
+from rolloutd.daemon.tasks.registry import TaskRegistry
+from rolloutd.daemon.trajectory import Status
 
 from .conftest import tool_call
 

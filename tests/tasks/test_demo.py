@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from daemon import demo
+from rolloutd.daemon import demo
 
 from .conftest import tool_call
 

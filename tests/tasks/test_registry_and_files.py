@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-import daemon.tasks.registry as registry_mod
-from daemon.tasks._common import RUNNER_SOURCE
-from daemon.tasks.base import EvalContext, Prompt, Reward, TaskError, TaskHandler
-from daemon.tasks.jsonl import TaskFileError, load_tasks, parse_tasks
-from daemon.tasks.registry import TaskRegistry
+import rolloutd.daemon.tasks.registry as registry_mod
+from rolloutd.daemon.tasks._common import RUNNER_SOURCE
+from rolloutd.daemon.tasks.base import EvalContext, Prompt, Reward, TaskError, TaskHandler
+from rolloutd.daemon.tasks.jsonl import TaskFileError, load_tasks, parse_tasks
+from rolloutd.daemon.tasks.registry import TaskRegistry
 
 
 class EchoTask(TaskHandler):
@@ -116,12 +116,12 @@ def test_runner_reports_each_test(tmp_path: Path, runner: str):
 
 
 def test_unknown_kind_is_a_422_naming_the_known_kinds(tmp_path: Path):
-    from daemon.api import ANSWERS
-    from daemon.config import Settings
-    from daemon.errors import InvalidTask
-    from daemon.node import Node
-    from daemon.pipeline import Services
-    from daemon.service import RolloutRequest
+    from rolloutd.daemon.api import ANSWERS
+    from rolloutd.daemon.config import Settings
+    from rolloutd.daemon.errors import InvalidTask
+    from rolloutd.daemon.node import Node
+    from rolloutd.daemon.pipeline import Services
+    from rolloutd.daemon.service import RolloutRequest
 
     node = Node(Settings(state_dir=tmp_path / "s", cache_dir=tmp_path / "c", port=0),
                 services=Services())

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.tasks.base import TaskError
-from daemon.tasks.swe import SweTask, patch_files
-from daemon.tasks.swe_examples import fixed_files
-from daemon.trajectory import Status
+from rolloutd.daemon.tasks.base import TaskError
+from rolloutd.daemon.tasks.swe import SweTask, patch_files
+from rolloutd.daemon.tasks.swe_examples import fixed_files
+from rolloutd.daemon.trajectory import Status
 
 from .conftest import BACKEND, tool_call
 

@@ -11,11 +11,18 @@ import httpx
 import pytest
 from pydantic import Field
 
-from daemon.tasks.base import EvalContext, Prompt, Reward, TaskError, TaskHandler, model_kind
-from daemon.tasks.jsonl import TaskFileError, parse_tasks
-from daemon.tasks.math import MathTask, MathTaskModel
-from daemon.tasks.registry import BUILTIN, TaskRegistry
-from daemon.tasks.sleep import SleepTask
+from rolloutd.daemon.tasks.base import (
+    EvalContext,
+    Prompt,
+    Reward,
+    TaskError,
+    TaskHandler,
+    model_kind,
+)
+from rolloutd.daemon.tasks.jsonl import TaskFileError, parse_tasks
+from rolloutd.daemon.tasks.math import MathTask, MathTaskModel
+from rolloutd.daemon.tasks.registry import BUILTIN, TaskRegistry
+from rolloutd.daemon.tasks.sleep import SleepTask
 
 
 def test_builtin_handlers_validate_through_their_model():
@@ -58,9 +65,9 @@ def test_a_field_added_to_the_model_is_checked_everywhere():
 
 
 async def test_a_field_added_to_the_model_is_checked_by_the_api(tmp_path: Path):
-    from daemon.api import create_app
-    from daemon.node import Node
-    from daemon.pipeline import Services
+    from rolloutd.daemon.api import create_app
+    from rolloutd.daemon.node import Node
+    from rolloutd.daemon.pipeline import Services
     from tests.daemon.conftest import make_settings
 
     node = Node(make_settings(tmp_path), services=Services(), registry=_registry())

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import Sandbox, SandboxSpec, open_backend
-from tools import Toolbox, open_toolbox
+from rolloutd.sandbox import Sandbox, SandboxSpec, open_backend
+from rolloutd.tools import Toolbox, open_toolbox
 
 ALL_TOOLS = ["bash", "ipython", "editor", "finish"]
 

@@ -7,7 +7,7 @@ import time
 import pytest
 import trio
 
-from tools import Toolbox
+from rolloutd.tools import Toolbox
 
 
 async def bash(tb: Toolbox, command: str, timeout_s: float = 10.0):
@@ -229,7 +229,7 @@ async def test_job_notices_stay_out_of_later_calls(bwrap_toolbox: Toolbox) -> No
 async def test_python_and_pip_run_the_sandbox_interpreter(bwrap_sandbox) -> None:
     """`python` used to be "command not found" in a bwrap sandbox (the host has only
     python3, and the sandbox's interpreter is not on the PATH); `pip` was the host's pip."""
-    from tools import open_toolbox
+    from rolloutd.tools import open_toolbox
 
     async with open_toolbox(bwrap_sandbox, ["bash"]) as tb:
         r = await bash(tb, "python -c 'import sys; print(sys.executable)'")

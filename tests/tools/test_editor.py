@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from sandbox import Sandbox
-from tools import Toolbox
+from rolloutd.sandbox import Sandbox
+from rolloutd.tools import Toolbox
 
 
 async def ed(tb: Toolbox, **args):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import types
 
-import tools
+from rolloutd import tools
 
 EXPECTED = {
     "OPTIONS",

@@ -8,8 +8,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from sandbox import Sandbox
-from tools import Toolbox
+from rolloutd.sandbox import Sandbox
+from rolloutd.tools import Toolbox
 
 
 async def py(tb: Toolbox, code: str, timeout_s: float = 20.0):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tools._text import OutputCollector, TextCollector, clean, elide, strip_ansi
-from tools.bash import ansi_c_quote
+from rolloutd.tools._text import OutputCollector, TextCollector, clean, elide, strip_ansi
+from rolloutd.tools.bash import ansi_c_quote
 
 
 def test_strip_ansi_and_clean() -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-import tools
-from sandbox import Sandbox
-from tools import Toolbox, ToolError, open_toolbox, tool_schemas
+from rolloutd import tools
+from rolloutd.sandbox import Sandbox
+from rolloutd.tools import Toolbox, ToolError, open_toolbox, tool_schemas
 
 
 def test_exports() -> None:

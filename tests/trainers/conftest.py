@@ -32,7 +32,7 @@ def daemon_url(tmp_path) -> Iterator[str]:
     env = {**os.environ, "ROLLOUTD_LOG_LEVEL": "warning",
            "ROLLOUTD_BACKENDS": json.dumps([{"kind": "scripted", "replies": REPLIES, "id": "policy"}])}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "daemon.cli", "serve", "--port", str(port), "--state-dir",
+        [sys.executable, "-m", "rolloutd.daemon.cli", "serve", "--port", str(port), "--state-dir",
          str(tmp_path / "state"), "--sandbox-backend", "local"],
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         start_new_session=True)

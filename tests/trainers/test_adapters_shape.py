@@ -15,10 +15,10 @@ import httpx
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from contrib.trainers.nemo_gym import RunApp
-from contrib.trainers.skyrl import RolloutdGenerator
-from contrib.trainers.verl import RolloutdAgentLoop
-from daemon.client import Client
+from rolloutd.daemon.client import Client
+from rolloutd.trainers.nemo_gym import RunApp
+from rolloutd.trainers.skyrl import RolloutdGenerator
+from rolloutd.trainers.verl import RolloutdAgentLoop
 
 from .conftest import calc
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.tasks.base import TaskError
-from daemon.tasks.calc import CalcTask, example_messages, extract_number
-from tools import open_toolbox, tool_schemas
-from tools.calculator import CalculatorError, evaluate, format_result
+from rolloutd.daemon.tasks.base import TaskError
+from rolloutd.daemon.tasks.calc import CalcTask, example_messages, extract_number
+from rolloutd.tools import open_toolbox, tool_schemas
+from rolloutd.tools.calculator import CalculatorError, evaluate, format_result
 
 
 @pytest.mark.parametrize(("expr", "want"), [
@@ -57,8 +57,8 @@ def test_calc_task_fields_and_answers():
 
 async def _reward(task, answer_text):
     """Evaluate ``answer_text`` as the last assistant message of a calc trajectory."""
-    from daemon.tasks.base import EvalContext
-    from daemon.trajectory import Trajectory
+    from rolloutd.daemon.tasks.base import EvalContext
+    from rolloutd.daemon.trajectory import Trajectory
 
     async def no_sandbox(*args, **kwargs):
         raise AssertionError("calc needs no sandbox")

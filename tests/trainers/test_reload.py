@@ -10,14 +10,14 @@ import trio
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from daemon.api import create_app
-from daemon.llm import _embedded
-from daemon.llm.base import SamplingParams
-from daemon.llm.chat import embedded_renderer
-from daemon.llm.pool import BackendPool
-from daemon.llm.weights import WeightsError, load_weights
-from daemon.node import Node
-from daemon.pipeline import Services
+from rolloutd.daemon.api import create_app
+from rolloutd.daemon.llm import _embedded
+from rolloutd.daemon.llm.base import SamplingParams
+from rolloutd.daemon.llm.chat import embedded_renderer
+from rolloutd.daemon.llm.pool import BackendPool
+from rolloutd.daemon.llm.weights import WeightsError, load_weights
+from rolloutd.daemon.node import Node
+from rolloutd.daemon.pipeline import Services
 
 from ..daemon.conftest import make_settings
 from ..llm.conftest import open_model_server

@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 import trio
 
-from daemon.batch import BatchRequest, BatchState
-from daemon.llm.chat import embedded_renderer
-from daemon.llm.pool import BackendPool
-from daemon.llm.scripted import ScriptedBackend
-from daemon.node import Node
-from daemon.pipeline import Services
+from rolloutd.daemon.batch import BatchRequest, BatchState
+from rolloutd.daemon.llm.chat import embedded_renderer
+from rolloutd.daemon.llm.pool import BackendPool
+from rolloutd.daemon.llm.scripted import ScriptedBackend
+from rolloutd.daemon.node import Node
+from rolloutd.daemon.pipeline import Services
 
 from ..daemon.conftest import make_settings
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from contrib.trainers._common import run_group
-from contrib.trainers.trl_adapter import env_reward, make_rollout_func, runs, trl_row
-from daemon.client import Client
+from rolloutd.daemon.client import Client
+from rolloutd.trainers._common import run_group
+from rolloutd.trainers.trl_adapter import env_reward, make_rollout_func, runs, trl_row
 
 from .conftest import calc
 
@@ -52,7 +52,7 @@ def test_grpo_trainer_accepts_the_rows_and_trains(daemon_url, tmp_path, monkeypa
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from daemon.llm import _embedded
+    from rolloutd.daemon.llm import _embedded
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     torch.manual_seed(0)
