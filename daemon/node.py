@@ -21,6 +21,7 @@ get ``drain_timeout_s`` to finish, then are cancelled; sandboxes are torn down; 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import socket
@@ -316,18 +317,13 @@ class Node:
             assert self.forwarder is not None
             await self.forwarder.on_rejoin(member)
 
-        gossip = self.settings.gossip
         federation = Federation(
             self.node_id,
             url,
             seeds=[s for s in seeds if s.rstrip("/") != url.rstrip("/")],
             capacity=self.capacity,  # type: ignore[arg-type]
             token=self.token,
-            gossip_interval_s=gossip.gossip_interval_s,
-            fanout=gossip.fanout,
-            suspect_after_s=gossip.suspect_after_s,
-            dead_after_s=gossip.dead_after_s,
-            request_timeout_s=gossip.request_timeout_s,
+            **dataclasses.asdict(self.settings.gossip),
             on_dead=on_dead,
             on_rejoin=on_rejoin,
         )

@@ -112,11 +112,6 @@ class Federation:
         self._capacity = capacity
         self._token = token or None
         self._gossip = gossip
-        self._interval = gossip.gossip_interval_s
-        self._fanout = gossip.fanout
-        self._suspect_after = gossip.suspect_after_s
-        self._dead_after = gossip.dead_after_s
-        self._request_timeout = gossip.request_timeout_s
         self._transport = transport
         self._on_dead = on_dead
         self._on_rejoin = on_rejoin
@@ -226,7 +221,7 @@ class Federation:
         self._started = True
         client = httpx.AsyncClient(
             transport=self._transport,
-            timeout=httpx.Timeout(self._request_timeout),
+            timeout=httpx.Timeout(self._gossip.request_timeout_s),
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
         )
         try:
@@ -245,7 +240,7 @@ class Federation:
                 )
                 task_status.started()
                 while True:
-                    await trio.sleep(self._interval * self._rng.uniform(1 - _JITTER, 1 + _JITTER))
+                    await trio.sleep(self._gossip.gossip_interval_s * self._rng.uniform(1 - _JITTER, 1 + _JITTER))
                     self._tick()
                     for url in self._targets():
                         if url not in self._in_flight:
@@ -274,8 +269,8 @@ class Federation:
         gone = [m.url for m in self._peers.values() if m.state.gone]
         known = {m.url for m in self._peers.values()} | {self._url}
         unmet = [s for s in self._seeds if s not in known]
-        targets = self._rng.sample(live, min(self._fanout, len(live)))
-        n_seeds = 1 if live else self._fanout
+        targets = self._rng.sample(live, min(self._gossip.fanout, len(live)))
+        n_seeds = 1 if live else self._gossip.fanout
         targets += self._rng.sample(unmet, min(n_seeds, len(unmet)))
         if gone:
             targets.append(self._rng.choice(gone))
@@ -285,7 +280,7 @@ class Federation:
         """One push-pull with `url`, bounded by request_timeout_s; failures are counted."""
         self._in_flight.add(url)
         try:
-            with trio.move_on_after(self._request_timeout) as scope:
+            with trio.move_on_after(self._gossip.request_timeout_s) as scope:
                 records = await self._post(client, url, self._payload())
                 self._merge(records, trio.current_time())
                 self._exchanges += 1
@@ -336,7 +331,7 @@ class Federation:
             return
         payload = self._payload()
         async with trio.open_nursery() as nursery:
-            for url in live[: 3 * self._fanout]:
+            for url in live[: 3 * self._gossip.fanout]:
                 nursery.start_soon(self._announce, client, url, payload)
 
     async def _announce(self, client: httpx.AsyncClient, url: str, payload: dict[str, Any]) -> None:
@@ -427,9 +422,9 @@ class Federation:
                 continue
             silent = now - m.last_heard
             before = m.state
-            if silent >= self._dead_after:
+            if silent >= self._gossip.dead_after_s:
                 m.state = MemberState.DEAD
-            elif silent >= self._suspect_after:
+            elif silent >= self._gossip.suspect_after_s:
                 m.state = MemberState.SUSPECT
             self._changed(m, before)
 

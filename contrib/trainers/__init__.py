@@ -8,3 +8,7 @@
 Every adapter keeps GRPO groups whole: unusable samples are resubmitted, then masked (loss
 mask all 0, reward 0), never dropped (:mod:`rolloutd.trainers._common`). See docs/training.md.
 """
+
+#: Nothing at the package level: import the adapter you use (each pulls its trainer's
+#: dependencies only when imported).
+__all__: list[str] = []
