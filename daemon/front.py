@@ -21,7 +21,7 @@ import trio
 from rolloutd.daemon.batch import Batch, BatchRequest
 from rolloutd.daemon.errors import BadRequest, NotFound, ServiceUnavailable
 from rolloutd.daemon.forward import Forwarder, PeerAnswer, PeerUnavailable
-from rolloutd.daemon.jobs import Job
+from rolloutd.daemon.jobs import Job, RolloutFilter
 from rolloutd.daemon.journal import Journal, JournalError
 from rolloutd.daemon.sampling import Sampler
 from rolloutd.daemon.service import RolloutRequest, RolloutService, Submitted
@@ -137,6 +137,13 @@ class Front:
         found = await self.find(job_id)
         traj = found.trajectory if isinstance(found, Job) else found
         return traj.model_dump(mode="json")
+
+    def list_rollouts(self, match: RolloutFilter, *, limit: int, offset: int) -> dict[str, Any]:
+        """The rollouts this daemon holds (its result store: live ones and finished ones
+        within ``result_ttl_s``/``max_results``) that ``match`` selects, newest first; neither
+        the journal's older records nor rollouts forwarded to peers."""
+        jobs, total = self.service.store.select(match, limit=limit, offset=offset)
+        return {"rollouts": [job.listing() for job in jobs], "total": total}
 
     async def cancel(self, job_id: str) -> Cancelled | PeerAnswer:
         """Cancel a rollout (its sandbox is torn down, its LLM request aborted)."""

@@ -84,6 +84,9 @@ class Job:
         self.id = job_id
         self._request: JobRequest | None = request
         self.priority = request.priority
+        #: The task's kind (kept after the request is released, for listings).
+        kind = request.task.get("kind") or getattr(request.handler, "kind", None)
+        self.kind: str | None = str(kind) if kind is not None else None
         self.budget = Budget(request.timeout_s)
         self.trajectory = Trajectory(
             id=job_id,
@@ -171,6 +174,60 @@ class Job:
             "reward": t.reward,
             "error": t.error.model_dump() if t.error else None,
         }
+
+
+    def listing(self) -> dict[str, Any]:
+        """What a rollout listing shows of the job (``GET /v1/rollouts``)."""
+        t = self.trajectory
+        total_s = t.timing.total_s if self.done.is_set() else trio.current_time() - self.submitted_at
+        return {
+            "id": t.id,
+            "group_id": t.group_id,
+            "sample_index": t.sample_index,
+            "status": t.status.value,
+            "usable": t.usable,
+            "reward": t.reward,
+            "kind": self.kind,
+            "labels": list(t.labels),
+            "turns": len(t.turns),
+            "sampled_tokens": sum(t.loss_mask),
+            "total_s": round(total_s, 6),
+            "error_type": t.error.type if t.error else None,
+        }
+
+
+@dataclass(frozen=True)
+class RolloutFilter:
+    """Which held jobs a listing selects (every given condition holds)."""
+
+    status: Status | None = None
+    group_id: str | None = None
+    label: str | None = None
+    kind: str | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+    id_prefix: str | None = None
+
+    def __call__(self, job: Job) -> bool:
+        t = job.trajectory
+        if self.status is not None and t.status is not self.status:
+            return False
+        if self.group_id is not None and job.group_id != self.group_id:
+            return False
+        if self.label is not None and self.label not in t.labels:
+            return False
+        if self.kind is not None and job.kind != self.kind:
+            return False
+        if self.id_prefix is not None and not job.id.startswith(self.id_prefix):
+            return False
+        if self.min_reward is not None or self.max_reward is not None:
+            if t.reward is None:
+                return False
+            if self.min_reward is not None and t.reward < self.min_reward:
+                return False
+            if self.max_reward is not None and t.reward > self.max_reward:
+                return False
+        return True
 
 
 class QueueFull(DaemonError):
@@ -284,6 +341,20 @@ class ResultStore:
                 break
             self._finished.popitem(last=False)
             self._jobs.pop(job_id, None)
+
+    def select(self, match: RolloutFilter, *, limit: int, offset: int = 0) -> tuple[list[Job], int]:
+        """The held jobs ``match`` selects, newest submitted first: ``limit`` of them from
+        ``offset``, and how many match in all. Only what this store holds (its TTL and size
+        bound), not the journal."""
+        self.expire()
+        page: list[Job] = []
+        total = 0
+        for job in reversed(self._jobs.values()):
+            if match(job):
+                if offset <= total < offset + limit:
+                    page.append(job)
+                total += 1
+        return page, total
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}

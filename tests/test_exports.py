@@ -9,9 +9,9 @@ import types
 import pytest
 
 from rolloutd import daemon, federation, sandbox, tools, trainers
-from rolloutd.daemon import api, llm, tasks
+from rolloutd.daemon import api, llm, tasks, ui
 
-PACKAGES = [daemon, api, llm, tasks, federation, sandbox, tools, trainers]
+PACKAGES = [daemon, api, llm, tasks, ui, federation, sandbox, tools, trainers]
 
 
 def _public(module: types.ModuleType) -> set[str]:

@@ -1,7 +1,8 @@
 """The HTTP API v1: quart-trio routes over a node's parts. No business logic.
 
 ``create_app(node)`` builds the application. Routes live in one module per resource
-(``_rollouts``, ``_batches``, ``_backends``, ``_operations``, ``_federation``), each with a
+(``_rollouts``, ``_batches``, ``_backends``, ``_operations``, ``_federation``, ``_ui``
+for the dashboard's files), each with a
 ``register(app, part)`` that depends on a narrow protocol of what it calls; ``_http`` holds
 what they share and ``_errors`` maps daemon errors to status codes (the only place that does).
 """

@@ -2,7 +2,7 @@
 
 Each resource module registers its routes with ``register(app, part)``, where ``part`` is
 the narrow protocol that module declares; this module adds what every route shares: the
-bearer-token check, reading any body left unread, error answers (``rolloutd.daemon.errors`` mapped in
+bearer-token check (not on /healthz and the dashboard's files), reading any body left unread, error answers (``rolloutd.daemon.errors`` mapped in
 ``_errors``), and the OpenAPI document.
 """
 
@@ -18,7 +18,7 @@ from quart_schema import HttpSecurityScheme, QuartSchema
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from rolloutd.daemon.api import _backends, _batches, _federation, _operations, _rollouts
+from rolloutd.daemon.api import _backends, _batches, _federation, _operations, _rollouts, _ui
 from rolloutd.daemon.api._errors import HTTP_TYPES, answer_for
 from rolloutd.daemon.api._http import REF_TEMPLATE, OpenAPIDocument, discard_body, error
 from rolloutd.daemon.config import Settings
@@ -65,6 +65,7 @@ def create_app(parts: Parts) -> QuartTrio:
     _operations.register(app, parts)
     _federation.register(app, parts.front)
     _batches.register(app, parts.front, max_timeout_s=settings.max_timeout_s)
+    _ui.register(app)
     return app
 
 
@@ -92,11 +93,12 @@ def _document(app: QuartTrio, registry: TaskRegistry) -> None:
 
 
 def _guard(app: QuartTrio, token: str | None) -> None:
-    """A bearer token, when configured, guards every route but /healthz."""
+    """A bearer token, when configured, guards every route but /healthz and the dashboard's
+    static files (``/ui/``: the page asks for the token and sends it with its data calls)."""
 
     @app.before_request
     async def _auth() -> Response | None:
-        if token is None or request.path == "/healthz":
+        if token is None or request.path == "/healthz" or _ui.is_public(request.path):
             return None
         header = request.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")

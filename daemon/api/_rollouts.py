@@ -1,6 +1,7 @@
 """Routes for rollouts (``/v1/rollouts``): submit, wait, stream, look up, cancel.
 
     POST   /v1/rollouts                 submit one task x n samples; 202 with ids (200 if wait)
+    GET    /v1/rollouts                 list the rollouts this daemon holds (filters, pages)
     GET    /v1/rollouts/stream?ids=...  NDJSON, one trajectory per line as each finishes
     GET    /v1/rollouts/{id}            the trajectory so far
     DELETE /v1/rollouts/{id}            cancel; 202 while it stops, 200 if it had ended
@@ -12,7 +13,7 @@ from collections.abc import AsyncGenerator, Mapping
 from typing import Any, ClassVar, Protocol
 
 import trio
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from quart import request
 from quart_schema import document_querystring, document_request, document_response
 from quart_trio import QuartTrio
@@ -31,10 +32,16 @@ from rolloutd.daemon.api._http import (
 from rolloutd.daemon.errors import BadRequest
 from rolloutd.daemon.forward import PeerAnswer
 from rolloutd.daemon.front import Cancelled
+from rolloutd.daemon.jobs import RolloutFilter
 from rolloutd.daemon.service import RolloutRequest, Submitted
-from rolloutd.daemon.trajectory import Trajectory
+from rolloutd.daemon.trajectory import Status, Trajectory
 
 MAX_STREAM_IDS = 10_000
+#: Rollouts per page of ``GET /v1/rollouts`` (default and most).
+LIST_LIMIT = 50
+MAX_LIST_LIMIT = 500
+#: The largest ``offset`` of a listing (far beyond any result store).
+MAX_LIST_OFFSET = 10_000_000
 
 
 class Rollouts(Protocol):
@@ -45,6 +52,7 @@ class Rollouts(Protocol):
     async def submit(self, body: dict[str, Any], req: RolloutRequest, *, wait: bool,
                      headers: Mapping[str, str]) -> Submitted | PeerAnswer: ...
     async def rollout(self, job_id: str) -> dict[str, Any]: ...
+    def list_rollouts(self, match: RolloutFilter, *, limit: int, offset: int) -> dict[str, Any]: ...
     async def cancel(self, job_id: str) -> Cancelled | PeerAnswer: ...
     async def open_stream(self, ids: list[str]) -> trio.MemoryReceiveChannel[str]: ...
 
@@ -58,6 +66,44 @@ class SubmitResponse(BaseModel):
 class WaitResponse(BaseModel):
     group_id: str
     rollouts: list[Trajectory]
+
+
+class RolloutSummary(BaseModel):
+    """One rollout of a listing: enough to choose which to open."""
+
+    id: str
+    group_id: str | None
+    sample_index: int
+    status: Status
+    usable: bool
+    reward: float | None
+    kind: str | None = Field(description="The task's kind.")
+    labels: list[str]
+    turns: int = Field(description="LLM calls so far.")
+    sampled_tokens: int = Field(description="Tokens the model sampled (the loss mask's ones).")
+    total_s: float = Field(description="Seconds since submitted (`timing.total_s` once finished).")
+    error_type: str | None = Field(description="`error.type` of a failed rollout.")
+
+
+class RolloutList(BaseModel):
+    rollouts: list[RolloutSummary]
+    total: int = Field(description="How many rollouts match (the page is `limit` of them from `offset`).")
+
+
+class ListQuery(BaseModel):
+    """Filters of a listing; every one given must hold."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: Status | None = None
+    group_id: str | None = Field(None, min_length=1, max_length=200)
+    label: str | None = Field(None, min_length=1, max_length=200)
+    kind: str | None = Field(None, min_length=1, max_length=200, description="The task's kind.")
+    min_reward: float | None = Field(None, allow_inf_nan=False)
+    max_reward: float | None = Field(None, allow_inf_nan=False)
+    id_prefix: str | None = Field(None, min_length=1, max_length=200)
+    limit: int = Field(LIST_LIMIT, ge=1, le=MAX_LIST_LIMIT)
+    offset: int = Field(0, ge=0, le=MAX_LIST_OFFSET)
 
 
 class CancelResponse(BaseModel):
@@ -109,6 +155,20 @@ def register(app: QuartTrio, rollouts: Rollouts, *, max_timeout_s: float) -> Non
             return body.model_dump(), 202
         trajectories = [j.trajectory.model_dump(mode="json") for j in result.jobs]
         return {"group_id": result.group_id, "rollouts": trajectories}, 200
+
+    @app.get("/v1/rollouts")
+    @document_querystring(ListQuery)
+    @document_response(RolloutList, 200)
+    @errors(400)
+    async def list_rollouts() -> Any:
+        """The rollouts this daemon holds, newest first: live ones and finished ones still in
+        its result store (`result_ttl_s`, `max_results`); not older journal records, nor
+        rollouts forwarded to peers. Filters combine; `total` counts every match."""
+        q = query(ListQuery)
+        match = RolloutFilter(status=q.status, group_id=q.group_id, label=q.label, kind=q.kind,
+                              min_reward=q.min_reward, max_reward=q.max_reward,
+                              id_prefix=q.id_prefix)
+        return rollouts.list_rollouts(match, limit=q.limit, offset=q.offset)
 
     @app.get("/v1/rollouts/stream")
     @document_querystring(StreamQuery)

@@ -174,12 +174,12 @@ def _routes(app) -> list[tuple[str, str]]:
     out = []
     for rule in app.url_map.iter_rules():
         for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
-            path = rule.rule.replace("<job_id>", "x").replace("<backend_id>", "x")
+            path = rule.rule.replace("<job_id>", "x").replace("<backend_id>", "x").replace("<name>", "app.js")
             out.append((method, path))
     return out
 
 
-async def test_auth_on_every_route_but_healthz(asgi, tmp_path):
+async def test_auth_on_every_route_but_healthz_and_the_dashboard(asgi, tmp_path):
     client, node = await asgi(token="t0ken")
     from rolloutd.daemon.api import create_app
 
@@ -191,6 +191,8 @@ async def test_auth_on_every_route_but_healthz(asgi, tmp_path):
             r = await client.request(method, path)
             if path == "/healthz":
                 assert r.status_code == 200
+            elif path == "/ui" or path.startswith("/ui/"):  # the dashboard's static files
+                assert r.status_code in (200, 308, 404), (method, path, r.status_code)
             else:
                 assert r.status_code == 401, (method, path, r.status_code)
                 assert r.json()["error"]["type"] == "unauthorized"

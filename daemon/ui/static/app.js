@@ -1,0 +1,496 @@
+// rolloutd dashboard: a single-page app over the daemon's JSON API. Plain JavaScript, no
+// build step, no dependency. Every text from the daemon goes into the page as text nodes
+// (never as HTML). The bearer token, when the daemon needs one, is asked for once and kept
+// in sessionStorage (this tab only); it travels in the Authorization header, never in a URL.
+"use strict";
+
+const TOKEN_KEY = "rolloutd.token";
+const POLL_MS = 2000;
+const HISTORY_S = 3600; // the throughput sparkline keeps the last hour (client-side)
+const PAGE_SIZES = [25, 50, 100, 200, 500];
+const STATUSES = ["queued", "init", "run", "eval", "completed", "failed", "timed_out", "cancelled", "lost"];
+const TERMINAL = ["completed", "failed", "timed_out", "cancelled", "lost"];
+const API = "../v1/"; // the page is served at <daemon>/ui/
+
+// ---- DOM helpers ----------------------------------------------------------------------
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") el.className = v;
+    else if (k === "text") el.textContent = v;
+    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else el.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children.flat(Infinity)) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+function svg(tag, attrs) {
+  const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, String(v));
+  return el;
+}
+
+const main = () => document.getElementById("main");
+
+function show(...nodes) {
+  main().replaceChildren(...nodes.flat(Infinity).filter((n) => n));
+}
+
+function fmt(x, digits = 3) {
+  if (x === null || x === undefined) return "—";
+  if (typeof x === "number") return Number.isInteger(x) ? String(x) : x.toFixed(digits);
+  return String(x);
+}
+
+function secs(x) {
+  if (x === null || x === undefined) return "—";
+  return x < 1 ? `${(x * 1000).toFixed(0)} ms` : `${x.toFixed(2)} s`;
+}
+
+function statusSpan(s) {
+  return h("span", { class: `st-${s}`, "data-status": s, text: s });
+}
+
+function rolloutLink(id) {
+  return h("a", { href: `#/rollout/${encodeURIComponent(id)}`, class: "mono", text: id });
+}
+
+function groupLink(gid) {
+  return gid ? h("a", { href: `#/group/${encodeURIComponent(gid)}`, class: "mono", text: gid }) : "—";
+}
+
+function table(headers, rows, attrs) {
+  return h("table", attrs || {},
+    h("thead", {}, h("tr", {}, headers.map((x) => h("th", typeof x === "string" ? { text: x } : x)))),
+    h("tbody", {}, rows.map((r) => h("tr", {}, r.map((c) => (c instanceof Node && c.tagName === "TD") ? c : h("td", {}, c))))));
+}
+
+// ---- API and the token ----------------------------------------------------------------
+
+class Unauthorized extends Error {}
+
+function token() {
+  return sessionStorage.getItem(TOKEN_KEY);
+}
+
+async function api(path, params) {
+  let url = API + path;
+  if (params) {
+    const q = new URLSearchParams();
+    for (const [k, v] of Object.entries(params)) if (v !== "" && v !== null && v !== undefined) q.set(k, v);
+    const qs = q.toString();
+    if (qs) url += "?" + qs;
+  }
+  const headers = { Accept: "application/json" };
+  const t = token();
+  if (t) headers.Authorization = "Bearer " + t;
+  const resp = await fetch(url, { headers, cache: "no-store", credentials: "omit" });
+  if (resp.status === 401) throw new Unauthorized("a valid bearer token is required");
+  let body = null;
+  try { body = await resp.json(); } catch (e) { body = null; }
+  if (!resp.ok) {
+    const msg = body && body.error ? `${body.error.type}: ${body.error.message}` : `HTTP ${resp.status}`;
+    throw new Error(msg);
+  }
+  return body;
+}
+
+function askForToken(message) {
+  stopPolling();
+  document.getElementById("main").hidden = true;
+  document.getElementById("login").hidden = false;
+  document.getElementById("login-error").textContent = message || "";
+  document.getElementById("logout").hidden = true;
+  document.getElementById("token").focus();
+}
+
+function signedIn() {
+  document.getElementById("login").hidden = true;
+  document.getElementById("main").hidden = false;
+  document.getElementById("logout").hidden = !token();
+}
+
+function failed(err) {
+  if (err instanceof Unauthorized) {
+    const had = token();
+    sessionStorage.removeItem(TOKEN_KEY);
+    askForToken(had ? "That token was refused." : "");
+    return;
+  }
+  show(h("p", { class: "error", id: "load-error", text: String(err.message || err) }));
+}
+
+// ---- routing ----------------------------------------------------------------------------
+
+let timer = null;
+let generation = 0; // a view's async work stops drawing once the route changed
+
+function stopPolling() {
+  if (timer !== null) { clearInterval(timer); timer = null; }
+}
+
+function parseHash() {
+  const raw = location.hash.replace(/^#\/?/, "");
+  const [path, qs] = raw.split("?", 2);
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  return { parts, params: new URLSearchParams(qs || "") };
+}
+
+function route() {
+  stopPolling();
+  generation += 1;
+  const gen = generation;
+  const { parts, params } = parseHash();
+  const view = parts[0] || "overview";
+  for (const a of document.querySelectorAll("[data-nav]")) a.classList.toggle("active", a.dataset.nav === view);
+  document.body.dataset.view = view;
+  let work;
+  if (view === "rollouts") work = viewRollouts(params, gen);
+  else if (view === "rollout" && parts[1]) work = viewTrajectory(parts[1], gen);
+  else if (view === "group" && parts[1]) work = viewGroup(parts[1], gen);
+  else work = viewOverview(gen);
+  work.catch(failed);
+}
+
+// ---- overview -------------------------------------------------------------------------
+
+const samples = []; // {t (s), finished (rollouts ended since the daemon started)}
+
+function recordSample(st) {
+  const now = Date.now() / 1000;
+  const counts = st.rollouts || {};
+  // Monotonic: submitted minus those not yet ended (the store's terminal counts shrink as
+  // finished results expire).
+  const live = STATUSES.filter((s) => !TERMINAL.includes(s)).reduce((n, s) => n + (counts[s] || 0), 0);
+  samples.push({ t: now, finished: (counts.submitted || 0) - live });
+  while (samples.length && now - samples[0].t > HISTORY_S) samples.shift();
+}
+
+function rates() {
+  const out = [];
+  for (let i = 1; i < samples.length; i++) {
+    const dt = samples[i].t - samples[i - 1].t;
+    if (dt > 0) out.push({ t: samples[i].t, v: Math.max(0, samples[i].finished - samples[i - 1].finished) / dt });
+  }
+  return out;
+}
+
+function sparkline(points, w = 320, hgt = 60) {
+  const box = svg("svg", { width: w, height: hgt, viewBox: `0 0 ${w} ${hgt}`, class: "spark", id: "throughput" });
+  if (points.length < 2) return box;
+  const t0 = points[0].t, t1 = points[points.length - 1].t;
+  const vmax = Math.max(...points.map((p) => p.v), 1e-9);
+  const xy = points.map((p) => `${((p.t - t0) / Math.max(1e-9, t1 - t0) * (w - 4) + 2).toFixed(1)},${(hgt - 2 - p.v / vmax * (hgt - 4)).toFixed(1)}`);
+  box.append(svg("polyline", { points: xy.join(" ") }));
+  return box;
+}
+
+function card(k, v, id) {
+  return h("div", { class: "card", id }, h("div", { class: "v", text: fmt(v) }), h("div", { class: "k", text: k }));
+}
+
+function renderOverview(st) {
+  recordSample(st);
+  document.getElementById("node").textContent =
+    `${st.node_id || ""} · up ${fmt(st.uptime_s, 0)} s${st.draining ? " · DRAINING" : ""}${st.ready ? "" : " · not ready"}`;
+  const r = rates();
+  const last = r.length ? r[r.length - 1].v : null;
+  const counts = st.rollouts || {};
+  const pipe = st.pipeline || {};
+  const stages = pipe.stages || {};
+  const out = [];
+
+  out.push(h("h2", { text: "Rollouts" }));
+  out.push(h("div", { class: "cards", id: "status-counts" },
+    card("submitted", counts.submitted || 0, "count-submitted"),
+    STATUSES.map((s) => card(s, counts[s] || 0, `count-${s}`))));
+
+  out.push(h("h2", { text: "Pipeline" }));
+  out.push(h("div", { class: "row" },
+    h("div", {},
+      h("p", {}, `intake queue: ${fmt(pipe.queued)} / ${fmt(pipe.queue_capacity)} · live jobs: ${fmt(pipe.live_jobs)} · `,
+        pipe.accepting === false ? h("span", { class: "error", text: "not accepting" }) : "accepting"),
+      table(["stage", { text: "workers", class: "num" }, { text: "queued", class: "num" }, { text: "in flight", class: "num" },
+        { text: "free", class: "num" }, { text: "finished", class: "num" }, { text: "failed", class: "num" },
+        { text: "p50", class: "num" }, { text: "p95", class: "num" }, { text: "p99", class: "num" }],
+      Object.entries(stages).map(([name, s]) => [name,
+        ...[s.workers, s.queued, s.in_flight, s.free, s.finished, s.failed].map((v) => h("td", { class: "num", text: fmt(v) })),
+        ...[s.p50_s, s.p95_s, s.p99_s].map((v) => h("td", { class: "num", text: secs(v) }))]), { id: "stages" })),
+    h("div", {},
+      h("p", {}, "finished rollouts/s: ", h("strong", { id: "rate", text: last === null ? "—" : last.toFixed(2) }),
+        h("span", { class: "muted", text: ` (kept in this tab for up to ${HISTORY_S / 60} min)` })),
+      sparkline(r))));
+
+  const be = st.backends;
+  out.push(h("h2", { text: "LLM backends" }));
+  if (!be) out.push(h("p", { class: "muted", text: "no backend pool" }));
+  else out.push(h("p", {}, `policy version ${fmt(be.policy_version)}`),
+    table(["id", "kind", "name", "url", "health", { text: "in flight", class: "num" }, { text: "served", class: "num" },
+      { text: "failures", class: "num" }, "last error"],
+    (be.backends || []).map((b) => [h("span", { class: "mono", text: b.id }), b.kind || "—", b.name || "—", b.url || "—",
+      h("span", { class: b.healthy ? "ok" : "error", text: (b.healthy ? "healthy" : "unhealthy") + (b.paused ? " (paused)" : "") }),
+      h("td", { class: "num", text: fmt(b.in_flight) }), h("td", { class: "num", text: fmt(b.served) }),
+      h("td", { class: "num", text: fmt(b.failures) }), b.last_error || ""]), { id: "backends" }));
+
+  const sb = st.sandboxes;
+  out.push(h("h2", { text: "Sandboxes" }));
+  if (!sb) out.push(h("p", { class: "muted", text: "no sandbox supervisor" }));
+  else out.push(h("div", { class: "cards", id: "sandboxes" },
+    ["live", "pool_idle", "pool_hits", "opened", "closed", "start_failures", "swept"].map((k) => card(k, sb[k])),
+    card("backend", sb.backend), card("limits", sb.limits_mechanism)));
+
+  const fed = st.federation;
+  out.push(h("h2", { text: "Federation" }));
+  if (!fed) out.push(h("p", { class: "muted", text: "federation is off" }));
+  else {
+    const members = fed.members || [];
+    const keys = [...new Set(members.flatMap((m) => Object.keys(m)))].filter((k) => typeof members[0][k] !== "object");
+    out.push(table(keys, members.map((m) => keys.map((k) => fmt(m[k]))), { id: "members" }));
+  }
+  show(out);
+}
+
+async function viewOverview(gen) {
+  show(h("p", { class: "muted", text: "loading status…" }));
+  const tick = async () => {
+    try {
+      const st = await api("status");
+      if (gen === generation) { signedIn(); renderOverview(st); }
+    } catch (err) {
+      if (gen === generation) failed(err);
+    }
+  };
+  await tick();
+  if (gen === generation && !document.getElementById("main").hidden) timer = setInterval(tick, POLL_MS);
+}
+
+// ---- rollout browser ------------------------------------------------------------------
+
+const FILTERS = ["status", "group_id", "label", "kind", "min_reward", "max_reward", "id_prefix"];
+
+async function viewRollouts(params, gen) {
+  const limit = Number(params.get("limit")) || 50;
+  const offset = Math.max(0, Number(params.get("offset")) || 0);
+  const query = { limit, offset };
+  for (const f of FILTERS) if (params.get(f)) query[f] = params.get(f);
+  const data = await api("rollouts", query);
+  if (gen !== generation) return;
+  signedIn();
+
+  const field = (name, label, attrs) => h("label", {}, label, h("input", { name, value: params.get(name) || "", ...attrs }));
+  const form = h("form", { class: "filters", id: "filters", onsubmit: (ev) => {
+    ev.preventDefault();
+    const q = new URLSearchParams();
+    for (const [k, v] of new FormData(ev.target)) if (v) q.set(k, v);
+    location.hash = "#/rollouts?" + q.toString();
+  } },
+  h("label", {}, "status", h("select", { name: "status" }, h("option", { value: "", text: "any" }),
+    STATUSES.map((s) => h("option", { value: s, text: s, selected: params.get("status") === s })))),
+  field("group_id", "group"), field("label", "label"), field("kind", "task kind"),
+  field("min_reward", "min reward", { type: "number", step: "any", size: 6 }),
+  field("max_reward", "max reward", { type: "number", step: "any", size: 6 }),
+  field("id_prefix", "id prefix"),
+  h("label", {}, "per page", h("select", { name: "limit" },
+    PAGE_SIZES.map((n) => h("option", { value: n, text: n, selected: n === limit })))),
+  h("button", { type: "submit", text: "Filter" }),
+  h("a", { href: "#/rollouts", text: "clear" }));
+
+  const page = (off) => {
+    const q = new URLSearchParams(params);
+    q.set("offset", String(off));
+    return "#/rollouts?" + q.toString();
+  };
+  const pager = h("div", { class: "pager" },
+    offset > 0 ? h("a", { href: page(Math.max(0, offset - limit)), text: "← newer" }) : null,
+    h("span", { id: "page-info", text: data.total ? `${offset + 1}–${offset + data.rollouts.length} of ${data.total}` : "no rollouts match" }),
+    offset + limit < data.total ? h("a", { href: page(offset + limit), text: "older →" }) : null);
+
+  const rows = data.rollouts.map((r) => [rolloutLink(r.id), groupLink(r.group_id), h("td", { class: "num", text: r.sample_index }),
+    statusSpan(r.status), r.usable ? "yes" : "no", h("td", { class: "num", text: fmt(r.reward) }), r.kind || "—",
+    r.labels.join(", "), h("td", { class: "num", text: r.turns }), h("td", { class: "num", text: r.sampled_tokens }),
+    h("td", { class: "num", text: secs(r.total_s) }), r.error_type ? h("span", { class: "error", text: r.error_type }) : ""]);
+  show(h("h2", { text: "Rollouts held by this daemon" }),
+    h("p", { class: "muted", text: "Live rollouts and finished ones still in the result store, newest first." }),
+    form, pager,
+    table(["id", "group", { text: "#", class: "num" }, "status", "usable", { text: "reward", class: "num" }, "kind", "labels",
+      { text: "turns", class: "num" }, { text: "sampled", class: "num" }, { text: "time", class: "num" }, "error"], rows, { id: "rollout-table" }),
+    pager.cloneNode(true));
+}
+
+// ---- trajectory view ------------------------------------------------------------------
+
+function logprobColour(lp) {
+  if (lp === null || lp === undefined) return null;
+  const p = Math.exp(Math.max(-20, Math.min(0, lp)));
+  return `hsl(${Math.round(p * 120)}, 75%, 82%)`; // red (unlikely) .. green (certain)
+}
+
+function tokenSpan(traj, i) {
+  const id = traj.token_ids[i];
+  const mask = traj.loss_mask[i] || 0;
+  const lp = traj.logprobs[i];
+  const title = `id ${id} · logprob ${lp === null || lp === undefined ? "—" : lp.toFixed(4)} · mask ${mask}`;
+  const el = h("span", { class: `tok m${mask}`, title, "data-i": i, text: id });
+  const colour = mask ? logprobColour(lp) : null;
+  if (colour) el.style.backgroundColor = colour;
+  return el;
+}
+
+function tokens(traj, start, end) {
+  const out = [];
+  for (let i = start; i < end && i < traj.token_ids.length; i++) out.push(tokenSpan(traj, i));
+  return h("div", { class: "tokens" }, out);
+}
+
+function timingBar(tm) {
+  const stages = ["queue", "init", "run", "eval"];
+  const total = Math.max(tm.total_s || 0, stages.reduce((n, s) => n + (tm[`${s}_s`] || 0), 0), 1e-9);
+  const seg = (name, v, of) => {
+    const el = h("span", { class: `seg-${name}`, title: `${name} ${secs(v)}` });
+    el.style.width = `${(100 * v / of).toFixed(3)}%`; // CSSOM: the CSP allows no style attributes
+    return el;
+  };
+  const run = Math.max(tm.run_s || 0, 1e-9);
+  const other = Math.max(0, run - (tm.llm_s || 0) - (tm.tool_s || 0));
+  const legend = (names) => h("div", { class: "legend" }, names.map(([n, v]) => h("span", {}, h("i", { class: `seg-${n}` }), `${n} ${secs(v)}`)));
+  return h("div", { id: "timing" },
+    h("div", { class: "bar", title: "stages" }, stages.map((s) => seg(s, tm[`${s}_s`] || 0, total))),
+    legend([...stages.map((s) => [s, tm[`${s}_s`] || 0]), ["total", tm.total_s]]),
+    h("div", { class: "bar", title: "run: LLM and tools" }, seg("llm", tm.llm_s || 0, run), seg("tool", tm.tool_s || 0, run), seg("other", other, run)),
+    legend([["llm", tm.llm_s || 0], ["tool", tm.tool_s || 0], ["other", other]]));
+}
+
+function messageText(content) {
+  if (typeof content === "string") return content;
+  if (Array.isArray(content)) return content.map((c) => (c && typeof c.text === "string") ? c.text : JSON.stringify(c)).join("\n");
+  return JSON.stringify(content, null, 2);
+}
+
+function messageCard(m, i, extraClass) {
+  const calls = (m.tool_calls || []).map((c) => {
+    const fn = c.function || c;
+    return h("div", { class: "call" }, h("strong", { text: `call ${fn.name}` }), h("pre", { text: JSON.stringify(fn.arguments, null, 2) }));
+  });
+  return h("div", { class: `msg role-${m.role} ${extraClass || ""}`, "data-index": i },
+    h("div", { class: "role", text: `${i} · ${m.role}${m.name ? " · " + m.name : ""}` }),
+    h("pre", { text: messageText(m.content) }), calls);
+}
+
+function download(traj) {
+  const blob = new Blob([JSON.stringify(traj, null, 2)], { type: "application/json" });
+  const a = h("a", { href: URL.createObjectURL(blob), download: `${traj.id}.json` });
+  document.body.append(a);
+  a.click();
+  setTimeout(() => { URL.revokeObjectURL(a.href); a.remove(); }, 1000);
+}
+
+async function viewTrajectory(id, gen) {
+  const traj = await api(`rollouts/${encodeURIComponent(id)}`);
+  if (gen !== generation) return;
+  signedIn();
+  const sampled = traj.loss_mask.reduce((n, m) => n + m, 0);
+  const err = traj.error;
+  const turns = traj.turns.map((t, k) => h("div", { class: "turn", "data-turn": k },
+    h("div", {}, h("strong", { text: `turn ${k}` }),
+      h("span", { class: "muted", text: ` · tokens ${t.start}–${t.end} · backend ${t.backend || "—"} · finish ${t.finish_reason || "—"} · llm ${secs(t.llm_s)} · policy v${t.policy_version_start}${t.policy_version_end !== t.policy_version_start ? "→" + t.policy_version_end : ""}${t.retries ? " · retries " + t.retries : ""}` })),
+    t.error ? h("div", { class: "error", text: t.error }) : null,
+    tokens(traj, t.start, t.end),
+    t.tool_calls.length ? table(["tool", "arguments", "ok", "exit", { text: "latency", class: "num" }, "error"],
+      t.tool_calls.map((c) => [c.name, h("pre", { text: JSON.stringify(c.arguments) }), c.ok ? "yes" : h("span", { class: "error", text: "no" }),
+        fmt(c.exit_code), h("td", { class: "num", text: secs(c.latency_s) }), c.error || ""])) : null));
+
+  show(
+    h("h2", {}, "Rollout ", h("span", { class: "mono", id: "traj-id", text: traj.id })),
+    h("p", {}, "group ", groupLink(traj.group_id), ` · sample ${traj.sample_index} · `, statusSpan(traj.status),
+      ` · usable ${traj.usable ? "yes" : "no"} · reward `, h("strong", { id: "reward", text: fmt(traj.reward) }),
+      traj.task_id ? ` · task ${traj.task_id}` : "", traj.labels.length ? ` · labels ${traj.labels.join(", ")}` : "",
+      " · ", h("button", { type: "button", id: "download", text: "Download JSON", onclick: () => download(traj) })),
+    err ? h("p", { class: "error", id: "traj-error" }, `error in ${err.stage}: ${err.type}: ${err.message}`) : null,
+    h("h3", { text: "Timing" }), timingBar(traj.timing),
+    h("h3", { text: "Reward info" }), h("pre", { id: "reward-info", text: JSON.stringify(traj.reward_info, null, 2) }),
+    h("h3", { text: `Messages (${traj.messages.length})` }),
+    h("div", { id: "messages" }, traj.messages.map((m, i) => messageCard(m, i))),
+    h("h3", { text: `Turns (${traj.turns.length}) · ${traj.token_ids.length} tokens, ${sampled} sampled, prompt ${traj.prompt_length}` }),
+    h("p", { class: "muted" }, "Sampled tokens (loss mask 1, underlined) are coloured by probability, red unlikely to green certain; ",
+      "grey tokens (mask 0) are prompt and tool output. Hover a token for its id and logprob."),
+    h("div", { id: "turns" }, turns),
+    h("h3", { text: "All tokens" }),
+    h("div", { id: "all-tokens" }, tokens(traj, 0, traj.token_ids.length)));
+}
+
+// ---- group view -----------------------------------------------------------------------
+
+function advantages(rewards) {
+  // TRL's GRPO (scale_rewards="group"): (r - mean) / (std + 1e-4), std with Bessel's correction.
+  const xs = rewards.filter((r) => typeof r === "number");
+  if (!xs.length) return rewards.map(() => null);
+  const mean = xs.reduce((a, b) => a + b, 0) / xs.length;
+  const std = xs.length > 1 ? Math.sqrt(xs.reduce((a, b) => a + (b - mean) ** 2, 0) / (xs.length - 1)) : 0;
+  return rewards.map((r) => (typeof r === "number" ? (r - mean) / (std + 1e-4) : null));
+}
+
+function firstDifference(a, b) {
+  const n = Math.min(a.length, b.length);
+  for (let i = 0; i < n; i++) if (JSON.stringify(a[i]) !== JSON.stringify(b[i])) return i;
+  return a.length === b.length ? null : n;
+}
+
+async function viewGroup(gid, gen) {
+  const listing = await api("rollouts", { group_id: gid, limit: 500 });
+  const trajs = await Promise.all(listing.rollouts.map((r) => api(`rollouts/${encodeURIComponent(r.id)}`)));
+  if (gen !== generation) return;
+  signedIn();
+  trajs.sort((a, b) => a.sample_index - b.sample_index);
+  const adv = advantages(trajs.map((t) => t.reward));
+  const base = trajs.length ? trajs[0].messages : [];
+  const diffs = trajs.map((t) => firstDifference(base, t.messages));
+  const groupDiff = diffs.filter((d) => d !== null).reduce((m, d) => Math.min(m, d), Infinity);
+  const rows = trajs.map((t, k) => [rolloutLink(t.id), h("td", { class: "num", text: t.sample_index }), statusSpan(t.status),
+    h("td", { class: "num", text: fmt(t.reward) }), h("td", { class: "num", "data-advantage": adv[k], text: fmt(adv[k]) }),
+    h("td", { class: "num", text: t.turns.length }), h("td", { class: "num", text: t.messages.length }),
+    h("td", { class: "num", text: t.token_ids.length }), h("td", { class: "num", text: t.loss_mask.reduce((n, m) => n + m, 0) }),
+    k === 0 ? "(reference)" : diffs[k] === null ? "same messages" : `message ${diffs[k]}`]);
+  const cols = trajs.map((t, k) => h("div", { class: "group-col", "data-sample": t.sample_index },
+    h("h3", {}, `sample ${t.sample_index} · reward ${fmt(t.reward)} · `, rolloutLink(t.id)),
+    t.messages.map((m, i) => messageCard(m, i, i === (k === 0 ? groupDiff : diffs[k]) ? "diverges" : ""))));
+  show(h("h2", {}, "Group ", h("span", { class: "mono", id: "group-id", text: gid })),
+    h("p", {}, `${trajs.length} samples held · `,
+      Number.isFinite(groupDiff) ? `they first differ at message ${groupDiff}` : "their messages are identical",
+      h("span", { class: "muted", text: " · advantage as TRL's GRPO computes it: (r − mean) / (std + 1e-4), sample std over the rewarded samples" })),
+    table(["rollout", { text: "#", class: "num" }, "status", { text: "reward", class: "num" }, { text: "advantage", class: "num" },
+      { text: "turns", class: "num" }, { text: "messages", class: "num" }, { text: "tokens", class: "num" }, { text: "sampled", class: "num" },
+      "first difference from sample 0"], rows, { id: "group-table" }),
+    h("h3", { text: "Side by side" }),
+    h("div", { class: "group-grid", id: "group-grid" }, cols));
+}
+
+// ---- start ----------------------------------------------------------------------------
+
+function start() {
+  document.getElementById("login-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const input = document.getElementById("token");
+    sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+    input.value = "";
+    route();
+  });
+  document.getElementById("logout").addEventListener("click", () => {
+    sessionStorage.removeItem(TOKEN_KEY);
+    askForToken("");
+  });
+  document.getElementById("open-id").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const id = document.getElementById("open-id-input").value.trim();
+    if (id) location.hash = `#/rollout/${encodeURIComponent(id)}`;
+  });
+  window.addEventListener("hashchange", route);
+  route();
+}
+
+document.addEventListener("DOMContentLoaded", start);
