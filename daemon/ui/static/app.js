@@ -219,7 +219,7 @@ function renderOverview(st) {
       table(["stage", { text: "workers", class: "num" }, { text: "queued", class: "num" }, { text: "in flight", class: "num" },
         { text: "free", class: "num" }, { text: "finished", class: "num" }, { text: "failed", class: "num" },
         { text: "p50", class: "num" }, { text: "p95", class: "num" }, { text: "p99", class: "num" }],
-      Object.entries(stages).map(([name, s]) => [name,
+      ["init", "run", "eval"].filter((n) => stages[n]).map((name) => [name, stages[name]]).map(([name, s]) => [name,
         ...[s.workers, s.queued, s.in_flight, s.free, s.finished, s.failed].map((v) => h("td", { class: "num", text: fmt(v) })),
         ...[s.p50_s, s.p95_s, s.p99_s].map((v) => h("td", { class: "num", text: secs(v) }))]), { id: "stages" })),
     h("div", {},

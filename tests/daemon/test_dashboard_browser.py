@@ -1,0 +1,309 @@
+"""The dashboard (``/ui/``) in a real headless Chromium against a real ``rolloutd serve`` with
+a bearer token and real rollouts.
+
+The policy is the scripted backend, a labelled TEST DOUBLE (``calc`` rollouts: a calculator
+tool call, then the answer); ``sleep`` rollouts (a test task) give a group with scripted
+rewards and a failure. Chromium is driven over the DevTools protocol on a pipe
+(``--remote-debugging-pipe``: no port, no extra package), so the test signs in through the
+login form as a user would; ``--dump-dom`` and ``--screenshot`` show the page before signing
+in. Screenshots are saved under the test's tmp_path (named in the output) as artefacts.
+
+Needs the ``chromium`` Debian package (CI installs it in .ci/run): skipped without it,
+except under CI, where a missing browser fails the test.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.hostile._daemon import Daemon, tool_call
+
+TOKEN = "ui-test-token-0123"
+CALC_REPLIES = [tool_call("calculator", expression="4821 * 392"), "The answer is 1889832"]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+         "--no-default-browser-check", "--disable-extensions", "--disable-background-networking",
+         "--disable-sync", "--metrics-recording-only", "--mute-audio", "--hide-scrollbars"]
+WINDOW = (1400, 1000)
+#: Exec argv[3:] with fd argv[1] as its fd 3 and fd argv[2] as its fd 4 (DevTools' pipe).
+ONTO_3_AND_4 = ("import os, sys; r, w = int(sys.argv[1]), int(sys.argv[2]); os.dup2(r, 3); "
+                "os.dup2(w, 4); os.close(r); os.close(w); os.execvp(sys.argv[3], sys.argv[3:])")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def chromium() -> str:
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (.ci/run installs the Debian package)")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    return CHROMIUM
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """End a browser started in its own session, with every process of its group."""
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_chromium(chromium: str, profile: Path, *args: str, timeout_s: float = 90) -> str:
+    """One headless run (``--dump-dom``, ``--screenshot``); its stdout."""
+    proc = subprocess.Popen([chromium, *FLAGS, f"--user-data-dir={profile}", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        _stop(proc)
+    return out.decode(errors="replace")
+
+
+class Browser:
+    """Headless Chromium driven over the DevTools protocol on a pipe (fd 3: commands in,
+    fd 4: answers out, each message JSON ended by a NUL byte), one page attached."""
+
+    def __init__(self, chromium: str, profile: Path) -> None:
+        cmd_r, cmd_w = os.pipe()
+        out_r, out_w = os.pipe()
+        # Above 4, so moving them to 3 and 4 cannot clobber one with the other.
+        child_r = fcntl.fcntl(cmd_r, fcntl.F_DUPFD, 10)
+        child_w = fcntl.fcntl(out_w, fcntl.F_DUPFD, 10)
+        for fd in (cmd_r, out_w):
+            os.close(fd)
+        argv = [sys.executable, "-c", ONTO_3_AND_4, str(child_r), str(child_w),
+                chromium, *FLAGS, "--remote-debugging-pipe", f"--user-data-dir={profile}",
+                f"--window-size={WINDOW[0]},{WINDOW[1]}", "about:blank"]
+        self.proc = subprocess.Popen(argv, pass_fds=(child_r, child_w), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
+        os.close(child_r)
+        os.close(child_w)
+        self._w = cmd_w
+        self._r = out_r
+        self._buf = b""
+        self._next = 0
+        self.session: str | None = None
+        try:
+            target = self.call("Target.createTarget", {"url": "about:blank"}, browser=True)["targetId"]
+            self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True},
+                                     browser=True)["sessionId"]
+            self.call("Page.enable")
+            self.call("Runtime.enable")
+            self.call("Emulation.setDeviceMetricsOverride",
+                      {"width": WINDOW[0], "height": WINDOW[1], "deviceScaleFactor": 1, "mobile": False})
+        except BaseException:
+            self.close()
+            raise
+
+    def call(self, method: str, params: dict[str, Any] | None = None, *, browser: bool = False,
+             timeout_s: float = 30) -> dict[str, Any]:
+        self._next += 1
+        msg: dict[str, Any] = {"id": self._next, "method": method, "params": params or {}}
+        if not browser and self.session is not None:
+            msg["sessionId"] = self.session
+        os.write(self._w, json.dumps(msg).encode() + b"\0")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            while b"\0" in self._buf:
+                raw, self._buf = self._buf.split(b"\0", 1)
+                answer = json.loads(raw)
+                if answer.get("id") == self._next:
+                    if "error" in answer:
+                        raise RuntimeError(f"{method}: {answer['error']}")
+                    result: dict[str, Any] = answer.get("result", {})
+                    return result
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"chromium did not answer {method}")
+            ready, _, _ = select.select([self._r], [], [], left)
+            if ready:
+                chunk = os.read(self._r, 1 << 20)
+                if not chunk:
+                    raise RuntimeError("chromium closed its DevTools pipe")
+                self._buf += chunk
+
+    def js(self, expression: str) -> Any:
+        result = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True,
+                                                "awaitPromise": True})
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def goto(self, url: str) -> None:
+        self.call("Page.navigate", {"url": url})
+
+    def wait_for(self, expression: str, timeout_s: float = 20) -> Any:
+        """The value of ``expression`` once it is truthy (an exception counts as false: the
+        page may still be loading)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            value = self.js(f"(() => {{ try {{ return ({expression}); }} catch (e) {{ return null; }} }})()")
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                html = self.js("document.body ? document.body.innerText.slice(0, 2000) : ''")
+                raise AssertionError(f"timed out waiting for {expression!r}; the page says:\n{html}")
+            time.sleep(0.1)
+
+    def screenshot(self, path: Path) -> None:
+        data = self.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})
+        path.write_bytes(base64.b64decode(data["data"]))
+        print(f"screenshot: {path}")
+
+    def close(self) -> None:
+        try:
+            if self.proc.poll() is None:
+                os.write(self._w, json.dumps({"id": 0, "method": "Browser.close"}).encode() + b"\0")
+        except OSError:
+            pass
+        _stop(self.proc)
+        for fd in (self._w, self._r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _submit(h: httpx.Client, task: dict[str, Any], n: int, **extra: Any) -> dict[str, Any]:
+    r = h.post("/v1/rollouts", json={"task": task, "n": n, "wait": True, **extra}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_dashboard_in_chromium(tmp_path: Path, chromium: str) -> None:
+    daemon = Daemon(tmp_path / "state", token=TOKEN, sandbox_backend="local", log_level="warning",
+                    backends=[{"kind": "scripted", "replies": CALC_REPLIES}])
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    daemon.start_sync()
+    browser: Browser | None = None
+    try:
+        ui = f"{daemon.url}/ui/"
+        with httpx.Client(base_url=daemon.url, headers=daemon.headers) as h:
+            calc = _submit(h, {"kind": "calc", "expression": "4821 * 392", "examples": 0}, 2,
+                           labels=["ui-test"])
+            group = _submit(h, {"kind": "sleep", "rewards": [0.0, 1.0, 0.5, 1.0]}, 4, group_id="ui-group")
+            _submit(h, {"kind": "sleep", "fail_stage": "eval"}, 1)
+            traj = calc["rollouts"][0]
+            assert traj["status"] == "completed" and len(traj["turns"]) == 2, traj
+
+            # Before signing in, the page shows only the login form (the data calls get 401).
+            dom = run_chromium(chromium, tmp_path / "profile-dump", "--virtual-time-budget=5000",
+                               "--dump-dom", ui)
+            assert '<section id="login">' in dom, dom[-3000:]
+            assert TOKEN not in dom
+            run_chromium(chromium, tmp_path / "profile-shot", "--virtual-time-budget=5000",
+                         f"--window-size={WINDOW[0]},{WINDOW[1]}",
+                         f"--screenshot={shots / 'login.png'}", ui)
+            assert (shots / "login.png").stat().st_size > 1000
+
+            browser = Browser(chromium, tmp_path / "profile")
+            browser.goto(ui)
+            browser.wait_for("!document.getElementById('login').hidden")
+            browser.js(f"document.getElementById('token').value = {json.dumps(TOKEN)};"
+                       "document.getElementById('login-form').requestSubmit(); true")
+
+            # Overview: the status counts, then a live update as more rollouts finish.
+            count = "(document.getElementById('count-{}') || {{}}).innerText || ''"
+            browser.wait_for(f"({count.format('completed')}).startsWith('6')")
+            assert browser.js(count.format("failed")).startswith("1")
+            assert browser.js(count.format("submitted")).startswith("7")
+            assert browser.js("document.getElementById('stages').innerText").count("\n") >= 3
+            assert "healthy" in browser.js("document.getElementById('backends').innerText")
+            assert TOKEN not in browser.js("location.href")
+            assert browser.js("sessionStorage.getItem('rolloutd.token')") == TOKEN
+            browser.screenshot(shots / "overview.png")
+            _submit(h, {"kind": "sleep"}, 3)
+            browser.wait_for(f"({count.format('completed')}).startsWith('9')", timeout_s=15)
+            browser.wait_for("document.querySelectorAll('#throughput polyline').length === 1",
+                             timeout_s=15)
+            browser.screenshot(shots / "overview-updated.png")
+
+            # Rollout browser: filters and pagination.
+            browser.goto(f"{ui}#/rollouts?kind=calc")
+            browser.wait_for("document.querySelectorAll('#rollout-table tbody tr').length === 2")
+            listed = browser.js("[...document.querySelectorAll('#rollout-table tbody tr td:first-child')]"
+                                ".map(td => td.innerText)")
+            assert sorted(listed) == sorted(t["id"] for t in calc["rollouts"])
+            browser.screenshot(shots / "rollouts.png")
+            browser.goto(f"{ui}#/rollouts?limit=25&status=completed")
+            browser.wait_for("document.getElementById('page-info') && "
+                             "document.getElementById('page-info').innerText.includes('of 9')")
+
+            # Trajectory: its turns, the tool call, the sampled tokens coloured by logprob.
+            browser.goto(f"{ui}#/rollout/{traj['id']}")
+            browser.wait_for("document.querySelectorAll('#turns .turn').length === 2")
+            sampled = sum(traj["loss_mask"])
+            assert browser.js("document.querySelectorAll('#turns .tok.m1').length") == sampled
+            coloured = browser.js("[...document.querySelectorAll('#turns .tok.m1')]"
+                                  ".filter(t => t.style.backgroundColor).length")
+            assert coloured == sampled
+            first = traj["loss_mask"].index(1)
+            title = browser.js(f"document.querySelector('#all-tokens .tok[data-i=\"{first}\"]').title")
+            assert title == f"id {traj['token_ids'][first]} · logprob {traj['logprobs'][first]:.4f} · mask 1"
+            assert browser.js("document.querySelectorAll('#all-tokens .tok.m0').length") == (
+                len(traj["token_ids"]) - sampled)
+            text = browser.js("document.getElementById('main').innerText")
+            assert "calculator" in text and "1889832" in text and "4821 * 392" in text
+            assert browser.js("document.querySelectorAll('#messages .msg').length") == len(traj["messages"])
+            assert browser.js("document.querySelectorAll('#timing .bar').length") == 2
+            assert browser.js("document.getElementById('reward').innerText") == "1"
+            browser.screenshot(shots / "trajectory.png")
+
+            # Group: every sample side by side, with GRPO advantages.
+            browser.goto(f"{ui}#/group/{group['group_id']}")
+            browser.wait_for("document.querySelectorAll('#group-table tbody tr').length === 4")
+            advantages = browser.js("[...document.querySelectorAll('[data-advantage]')]"
+                                    ".map(td => Number(td.dataset.advantage))")
+            rewards = [0.0, 1.0, 0.5, 1.0]
+            mean = sum(rewards) / 4
+            std = (sum((r - mean) ** 2 for r in rewards) / 3) ** 0.5
+            assert advantages == pytest.approx([(r - mean) / (std + 1e-4) for r in rewards])
+            assert browser.js("document.querySelectorAll('#group-grid .group-col').length") == 4
+            # where samples diverge (these sleep samples share their messages)
+            assert "identical" in browser.js("document.getElementById('main').innerText")
+            assert browser.js("firstDifference([{a: 1}, {b: 2}], [{a: 1}, {b: 3}])") == 1
+            assert browser.js("firstDifference([{a: 1}], [{a: 1}, {b: 3}])") == 1
+            assert browser.js("firstDifference([{a: 1}], [{a: 1}])") is None
+            browser.screenshot(shots / "group.png")
+
+            # A failed rollout shows its error's stage and type.
+            failed = h.get("/v1/rollouts", params={"status": "failed"}).json()["rollouts"][0]
+            browser.goto(f"{ui}#/rollout/{failed['id']}")
+            browser.wait_for("!!document.getElementById('traj-error')")
+            assert browser.js("document.getElementById('traj-error').innerText").startswith("error in eval")
+
+            # A refused token brings the login form back.
+            browser.js("sessionStorage.setItem('rolloutd.token', 'wrong'); true")
+            browser.goto(f"{ui}#/")
+            browser.wait_for("!document.getElementById('login').hidden && "
+                             "document.getElementById('login-error').innerText.includes('refused')")
+    finally:
+        if browser is not None:
+            browser.close()
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.stop_sync()
