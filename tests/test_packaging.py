@@ -104,6 +104,8 @@ def test_wheel_installs_beside_python_daemon(tmp_path):
     assert "rolloutd/sandbox/_helper.py" in names
     assert "rolloutd/daemon/tasks/_runner.py" in names
     assert {f"rolloutd/{p}/py.typed" for p in PACKAGES} <= names
+    # the dashboard's files (package data: GET /ui/ serves them from the installed package)
+    assert {f"rolloutd/daemon/ui/{f}" for f in ("index.html", "app.js", "app.css")} <= names
     entry_points = zipfile.ZipFile(wheel).read(
         next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert "rolloutd = rolloutd.daemon.cli:main" in entry_points
