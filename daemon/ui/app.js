@@ -366,6 +366,27 @@ function timingBar(tm) {
     legend([["llm", tm.llm_s || 0], ["tool", tm.tool_s || 0], ["other", other]]));
 }
 
+function waterfall(traj) {
+  // The run stage's spans in order: each turn's LLM call, then its tool calls (the agent
+  // loop runs them one after another; the trajectory records durations, not start times).
+  const spans = [];
+  traj.turns.forEach((t, k) => {
+    spans.push({ kind: "llm", label: `turn ${k} LLM`, s: t.llm_s || 0 });
+    for (const c of t.tool_calls) spans.push({ kind: "tool", label: `turn ${k} ${c.name}${c.ok ? "" : " (failed)"}`, s: c.latency_s || 0 });
+  });
+  if (!spans.length) return null;
+  const total = Math.max(spans.reduce((n, x) => n + x.s, 0), 1e-9);
+  let at = 0;
+  const rows = spans.map((x) => {
+    const bar = h("span", { class: `seg-${x.kind}`, title: `${x.label} ${secs(x.s)}` });
+    bar.style.marginLeft = `${(100 * at / total).toFixed(3)}%`;
+    bar.style.width = `${Math.max(0.2, 100 * x.s / total).toFixed(3)}%`;
+    at += x.s;
+    return h("div", { class: "wf-row" }, h("span", { class: "wf-label", text: `${x.label} · ${secs(x.s)}` }), h("div", { class: "wf-track" }, bar));
+  });
+  return h("div", { class: "waterfall", id: "waterfall" }, rows);
+}
+
 function messageText(content) {
   if (typeof content === "string") return content;
   if (Array.isArray(content)) return content.map((c) => (c && typeof c.text === "string") ? c.text : JSON.stringify(c)).join("\n");
@@ -412,7 +433,7 @@ async function viewTrajectory(id, gen) {
       traj.task_id ? ` · task ${traj.task_id}` : "", traj.labels.length ? ` · labels ${traj.labels.join(", ")}` : "",
       " · ", h("button", { type: "button", id: "download", text: "Download JSON", onclick: () => download(traj) })),
     err ? h("p", { class: "error", id: "traj-error" }, `error in ${err.stage}: ${err.type}: ${err.message}`) : null,
-    h("h3", { text: "Timing" }), timingBar(traj.timing),
+    h("h3", { text: "Timing" }), timingBar(traj.timing), waterfall(traj),
     h("h3", { text: "Reward info" }), h("pre", { id: "reward-info", text: JSON.stringify(traj.reward_info, null, 2) }),
     h("h3", { text: `Messages (${traj.messages.length})` }),
     h("div", { id: "messages" }, traj.messages.map((m, i) => messageCard(m, i))),

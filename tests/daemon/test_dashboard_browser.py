@@ -271,6 +271,8 @@ def test_dashboard_in_chromium(tmp_path: Path, chromium: str) -> None:
             assert "calculator" in text and "1889832" in text and "4821 * 392" in text
             assert browser.js("document.querySelectorAll('#messages .msg').length") == len(traj["messages"])
             assert browser.js("document.querySelectorAll('#timing .bar').length") == 2
+            # the run's waterfall: turn 0's LLM call and calculator call, turn 1's LLM call
+            assert browser.js("document.querySelectorAll('#waterfall .wf-row').length") == 3
             assert browser.js("document.getElementById('reward').innerText") == "1"
             browser.screenshot(shots / "trajectory.png")
 
