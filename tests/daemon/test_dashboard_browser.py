@@ -108,7 +108,9 @@ class Browser:
         self._next = 0
         self.session: str | None = None
         try:
-            target = self.call("Target.createTarget", {"url": "about:blank"}, browser=True)["targetId"]
+            # The first answer waits for the browser to start (slow on a busy CI machine).
+            target = self.call("Target.createTarget", {"url": "about:blank"}, browser=True,
+                               timeout_s=90)["targetId"]
             self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True},
                                      browser=True)["sessionId"]
             self.call("Page.enable")
