@@ -175,7 +175,6 @@ class Job:
             "error": t.error.model_dump() if t.error else None,
         }
 
-
     def listing(self) -> dict[str, Any]:
         """What a rollout listing shows of the job (``GET /v1/rollouts``)."""
         t = self.trajectory
