@@ -143,7 +143,7 @@ class Front:
         within ``result_ttl_s``/``max_results``) that ``match`` selects, newest first; neither
         the journal's older records nor rollouts forwarded to peers."""
         jobs, total = self.service.store.select(match, limit=limit, offset=offset)
-        return {"rollouts": [job.listing() for job in jobs], "total": total}
+        return {"rollouts": [job.listing().model_dump(mode="json") for job in jobs], "total": total}
 
     async def cancel(self, job_id: str) -> Cancelled | PeerAnswer:
         """Cancel a rollout (its sandbox is torn down, its LLM request aborted)."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import trio
+from pydantic import BaseModel, ConfigDict, Field
 
 from rolloutd.daemon.errors import DaemonError
 from rolloutd.daemon.trajectory import ErrorInfo, Stage, Status, Trajectory
@@ -175,37 +176,55 @@ class Job:
             "error": t.error.model_dump() if t.error else None,
         }
 
-    def listing(self) -> dict[str, Any]:
+    def listing(self) -> RolloutSummary:
         """What a rollout listing shows of the job (``GET /v1/rollouts``)."""
         t = self.trajectory
         total_s = t.timing.total_s if self.done.is_set() else trio.current_time() - self.submitted_at
-        return {
-            "id": t.id,
-            "group_id": t.group_id,
-            "sample_index": t.sample_index,
-            "status": t.status.value,
-            "usable": t.usable,
-            "reward": t.reward,
-            "kind": self.kind,
-            "labels": list(t.labels),
-            "turns": len(t.turns),
-            "sampled_tokens": sum(t.loss_mask),
-            "total_s": round(total_s, 6),
-            "error_type": t.error.type if t.error else None,
-        }
+        return RolloutSummary(
+            id=t.id,
+            group_id=t.group_id,
+            sample_index=t.sample_index,
+            status=t.status,
+            usable=t.usable,
+            reward=t.reward,
+            kind=self.kind,
+            labels=list(t.labels),
+            turns=len(t.turns),
+            sampled_tokens=sum(t.loss_mask),
+            total_s=round(total_s, 6),
+            error_type=t.error.type if t.error else None,
+        )
 
 
-@dataclass(frozen=True)
-class RolloutFilter:
-    """Which held jobs a listing selects (every given condition holds)."""
+class RolloutSummary(BaseModel):
+    """One rollout of a listing: enough to choose which to open."""
+
+    id: str
+    group_id: str | None
+    sample_index: int
+    status: Status
+    usable: bool
+    reward: float | None
+    kind: str | None = Field(description="The task's kind.")
+    labels: list[str]
+    turns: int = Field(description="LLM calls so far.")
+    sampled_tokens: int = Field(description="Tokens the model sampled (the loss mask's ones).")
+    total_s: float = Field(description="Seconds since submitted (`timing.total_s` once finished).")
+    error_type: str | None = Field(description="`error.type` of a failed rollout.")
+
+
+class RolloutFilter(BaseModel):
+    """Which held jobs a listing selects: every condition given holds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     status: Status | None = None
-    group_id: str | None = None
-    label: str | None = None
-    kind: str | None = None
-    min_reward: float | None = None
-    max_reward: float | None = None
-    id_prefix: str | None = None
+    group_id: str | None = Field(None, min_length=1, max_length=200)
+    label: str | None = Field(None, min_length=1, max_length=200)
+    kind: str | None = Field(None, min_length=1, max_length=200, description="The task's kind.")
+    min_reward: float | None = Field(None, allow_inf_nan=False)
+    max_reward: float | None = Field(None, allow_inf_nan=False)
+    id_prefix: str | None = Field(None, min_length=1, max_length=200)
 
     def __call__(self, job: Job) -> bool:
         t = job.trajectory

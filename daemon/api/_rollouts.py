@@ -13,7 +13,7 @@ from collections.abc import AsyncGenerator, Mapping
 from typing import Any, ClassVar, Protocol
 
 import trio
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from quart import request
 from quart_schema import document_querystring, document_request, document_response
 from quart_trio import QuartTrio
@@ -32,9 +32,9 @@ from rolloutd.daemon.api._http import (
 from rolloutd.daemon.errors import BadRequest
 from rolloutd.daemon.forward import PeerAnswer
 from rolloutd.daemon.front import Cancelled
-from rolloutd.daemon.jobs import RolloutFilter
+from rolloutd.daemon.jobs import RolloutFilter, RolloutSummary
 from rolloutd.daemon.service import RolloutRequest, Submitted
-from rolloutd.daemon.trajectory import Status, Trajectory
+from rolloutd.daemon.trajectory import Trajectory
 
 MAX_STREAM_IDS = 10_000
 #: Rollouts per page of ``GET /v1/rollouts`` (default and most).
@@ -68,40 +68,14 @@ class WaitResponse(BaseModel):
     rollouts: list[Trajectory]
 
 
-class RolloutSummary(BaseModel):
-    """One rollout of a listing: enough to choose which to open."""
-
-    id: str
-    group_id: str | None
-    sample_index: int
-    status: Status
-    usable: bool
-    reward: float | None
-    kind: str | None = Field(description="The task's kind.")
-    labels: list[str]
-    turns: int = Field(description="LLM calls so far.")
-    sampled_tokens: int = Field(description="Tokens the model sampled (the loss mask's ones).")
-    total_s: float = Field(description="Seconds since submitted (`timing.total_s` once finished).")
-    error_type: str | None = Field(description="`error.type` of a failed rollout.")
-
-
 class RolloutList(BaseModel):
     rollouts: list[RolloutSummary]
     total: int = Field(description="How many rollouts match (the page is `limit` of them from `offset`).")
 
 
-class ListQuery(BaseModel):
-    """Filters of a listing; every one given must hold."""
+class ListQuery(RolloutFilter):
+    """Filters of a listing (every one given must hold) and the page."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    status: Status | None = None
-    group_id: str | None = Field(None, min_length=1, max_length=200)
-    label: str | None = Field(None, min_length=1, max_length=200)
-    kind: str | None = Field(None, min_length=1, max_length=200, description="The task's kind.")
-    min_reward: float | None = Field(None, allow_inf_nan=False)
-    max_reward: float | None = Field(None, allow_inf_nan=False)
-    id_prefix: str | None = Field(None, min_length=1, max_length=200)
     limit: int = Field(LIST_LIMIT, ge=1, le=MAX_LIST_LIMIT)
     offset: int = Field(0, ge=0, le=MAX_LIST_OFFSET)
 
@@ -165,10 +139,7 @@ def register(app: QuartTrio, rollouts: Rollouts, *, max_timeout_s: float) -> Non
         its result store (`result_ttl_s`, `max_results`); not older journal records, nor
         rollouts forwarded to peers. Filters combine; `total` counts every match."""
         q = query(ListQuery)
-        match = RolloutFilter(status=q.status, group_id=q.group_id, label=q.label, kind=q.kind,
-                              min_reward=q.min_reward, max_reward=q.max_reward,
-                              id_prefix=q.id_prefix)
-        return rollouts.list_rollouts(match, limit=q.limit, offset=q.offset)
+        return rollouts.list_rollouts(q, limit=q.limit, offset=q.offset)
 
     @app.get("/v1/rollouts/stream")
     @document_querystring(StreamQuery)
