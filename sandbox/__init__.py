@@ -10,7 +10,14 @@ Every process of a sandbox is spawned by its in-sandbox helper; see docs/sandbox
 from ._apptainer import ApptainerBackend
 from ._backend import Backend
 from ._bwrap import BwrapBackend
-from ._exceptions import PathEscapeError, SandboxClosed, SandboxError, SandboxStartError
+from ._exceptions import (
+    ImageError,
+    ImageNotFound,
+    PathEscapeError,
+    SandboxClosed,
+    SandboxError,
+    SandboxStartError,
+)
 from ._local import LocalBackend
 from ._models import Bind, DirEntry, FileStat, RunResult, SandboxSpec
 from ._registry import BACKENDS, open_backend
@@ -25,6 +32,8 @@ __all__ = [
     "BwrapBackend",
     "DirEntry",
     "FileStat",
+    "ImageError",
+    "ImageNotFound",
     "LocalBackend",
     "PathEscapeError",
     "RunResult",

@@ -2,6 +2,8 @@
 
     SandboxError
     ├── SandboxStartError      a sandbox (or its backend) could not be started
+    │   └── ImageError         an image cannot be found, read or unpacked
+    │       └── ImageNotFound  a ref that is neither a stored image nor an existing source
     ├── SandboxClosed          the sandbox is gone: released, expired, or its helper died
     └── PathEscapeError        a file path resolves outside the sandbox's file roots
                                (also a PermissionError)
@@ -27,3 +29,11 @@ class SandboxClosed(SandboxError):
 
 class PathEscapeError(SandboxError, PermissionError):
     """A path resolves (through ``..`` or a symlink) outside the sandbox's file roots."""
+
+
+class ImageError(SandboxStartError):
+    """An image cannot be found, read or unpacked; the message says which and why."""
+
+
+class ImageNotFound(ImageError):
+    """A ref that is neither a stored image (name, digest, prefix) nor an existing source."""

@@ -10,8 +10,9 @@ import pytest
 
 from rolloutd import daemon, federation, sandbox, tools, trainers
 from rolloutd.daemon import api, llm, tasks, ui
+from rolloutd.sandbox import images
 
-PACKAGES = [daemon, api, llm, tasks, ui, federation, sandbox, tools, trainers]
+PACKAGES = [daemon, api, llm, tasks, ui, federation, sandbox, images, tools, trainers]
 
 
 def _public(module: types.ModuleType) -> set[str]:

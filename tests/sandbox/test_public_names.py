@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rolloutd import sandbox
+from rolloutd.sandbox import images  # noqa: F401  (sandbox.images below)
 
 
 def test_backends():
@@ -19,3 +20,6 @@ def test_error_tree():
     for name in ("SandboxStartError", "SandboxClosed", "PathEscapeError"):
         assert issubclass(getattr(sandbox, name), sandbox.SandboxError)
     assert issubclass(sandbox.PathEscapeError, PermissionError)
+    assert issubclass(sandbox.ImageNotFound, sandbox.ImageError)
+    assert issubclass(sandbox.ImageError, sandbox.SandboxStartError)
+    assert sandbox.images.ImageError is sandbox.ImageError
