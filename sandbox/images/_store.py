@@ -211,9 +211,10 @@ class ImageStore:
             with self._flock(f"ref-{key}"):
                 rec = self._find_source(ref)
                 if rec is None:
-                    image = self._import(ref, None, progress)
-                    with self._stats_lock:
-                        self._misses += 1
+                    image, unpacked = self._import(ref, None, progress)
+                    with self._stats_lock:  # another ref of a stored image: a hit
+                        self._misses += unpacked
+                        self._hits += not unpacked
                     return image
         if rec is None:
             raise ImageNotFound(f"no stored image and no source named {ref!r}")
@@ -228,10 +229,11 @@ class ImageStore:
         An image already stored (same digest) is not unpacked again. ``progress(done,
         total)`` is called in this thread with the blob bytes read so far.
         """
-        return self._import(ref, name, progress)
+        return self._import(ref, name, progress)[0]
 
     def _import(self, ref: str, name: str | None,
-                progress: Callable[[int, int], None] | None) -> Image:
+                progress: Callable[[int, int], None] | None) -> tuple[Image, bool]:
+        unpacked = False
         with self._workdir() as work:
             source = open_source(ref, str(work))
             names = [name] if name is not None else source.names
@@ -241,6 +243,7 @@ class ImageStore:
                 with self._flock(f"image-{hex_}"):
                     rec = self._read_record(self._record_path(source.digest))
                     if rec is None:
+                        unpacked = True
                         t0 = time.monotonic()
                         layers = self._unpack(source, work, layer_fds, progress)
                         size = sum(info.bytes for _, info in layers)
@@ -269,7 +272,7 @@ class ImageStore:
                 self.gc(self.max_bytes)
         finally:
             os.close(use)
-        return self._image(rec)
+        return self._image(rec), unpacked
 
     def _claim_names(self, rec: dict[str, Any], names: list[str]) -> None:
         """Give ``names`` to ``rec``, taking them from any other image (a name is unique)."""

@@ -73,17 +73,28 @@ def _decompressor(magic: bytes) -> list[str] | None:
 
 
 class _HashingReader:
-    """A read-only file object that hashes what passes through it."""
+    """A read-only file object that hashes what passes through it.
+
+    At the end of the data it adds zeros up to a whole tar block plus the two-block end
+    marker, which umoci leaves out (Go's archive/tar, like this, does not need them); the
+    zeros are not hashed, so a truncated tar still fails its diff id check.
+    """
 
     def __init__(self, raw: Readable) -> None:
         self.raw = raw
         self.sha = hashlib.sha256()
         self.count = 0
+        self.tail: bytes | None = None
 
     def read(self, n: int = -1) -> bytes:
-        data = self.raw.read(n)
-        self.sha.update(data)
-        self.count += len(data)
+        if self.tail is None:
+            data = self.raw.read(n)
+            if data or n == 0:
+                self.sha.update(data)
+                self.count += len(data)
+                return data
+            self.tail = bytes(-self.count % 512 + 1024)
+        data, self.tail = (self.tail, b"") if n < 0 else (self.tail[:n], self.tail[n:])
         return data
 
     def drain(self) -> None:
