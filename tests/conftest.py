@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rolloutd.sandbox._launcher import NAME as LAUNCHER
+from tests._images import ImageToolMissing, TestImages, build_test_images
 
 
 def descendants(pid: int | None = None) -> list[tuple[int, str]]:
@@ -61,3 +62,23 @@ def no_leaked_processes() -> object:
 @pytest.fixture
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that use the real test images (``test_images``) are slow (built once, minutes)."""
+    for item in items:
+        if "test_images" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def test_images() -> TestImages:
+    """Real images built on this machine once (tests/_images.py; cached under
+    ~/.cache/rolloutd-test-images or $ROLLOUTD_TEST_IMAGES). Never skipped in CI: a missing
+    tool fails there (.ci/run installs them); elsewhere the test is skipped with the reason."""
+    try:
+        return build_test_images()
+    except ImageToolMissing as e:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI must build the test images: {e}")
+        pytest.skip(str(e))
