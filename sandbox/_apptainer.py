@@ -5,10 +5,15 @@
 ``--cleanenv``, ``--net --network none`` unless the spec asks for network, a writable
 layer (a sparse ext3 overlay of ``disk_mb``, else ``--writable-tmpfs``), and binds for the
 workspace, the control dir (same path inside) and the helper's lib dir (read-only). The
-helper then runs in the instance through ``exec instance://NAME``. ``docker://`` refs are
-pulled and converted to a .sif once, into the image cache (spython when a ``singularity``
-binary is on PATH, else an explicit ``pull``). Every command line is built here
-explicitly and run with ``trio.run_process``: cancellable and bounded.
+helper then runs in the instance through ``exec instance://NAME``.
+
+Images take the same refs as on bwrap (docs/sandbox.md): a ``.sif`` is used as it is; an
+OCI layout (``oci:DIR[:TAG]``) or a ``docker save`` tarball (``docker-archive:FILE``) is
+converted once with ``apptainer build`` into the SIF cache; an image of the image store
+(a digest or a name) is built from its unpacked rootfs; ``docker://`` refs are pulled and
+converted once (spython when a ``singularity`` binary is on PATH, else an explicit
+``pull``). Every command line is built here explicitly and run with ``trio.run_process``:
+cancellable and bounded.
 """
 
 from __future__ import annotations
@@ -20,14 +25,16 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 import trio
 
 from ._backend import Backend, Handle
-from ._exceptions import SandboxStartError
+from ._exceptions import ImageNotFound, SandboxStartError
 from ._models import SandboxSpec
+from .images import ImageStore
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +57,7 @@ def start_argv(exe: str, spec: SandboxSpec, *, image: str, name: str, workspace:
     """``apptainer instance start`` with every isolation flag (they cannot be added later)."""
     argv = [exe, "instance", "start"]
     argv += ["--containall"] if containall else ["--contain", "--pid", "--ipc"]
-    argv += ["--no-mount", "home,cwd,tmp", "--cleanenv"]
+    argv += ["--no-home", "--no-mount", "home,cwd,tmp", "--cleanenv"]
     if not spec.network:
         argv += ["--net", "--network", "none"]
     argv += ["--overlay", overlay] if overlay else ["--writable-tmpfs"]
@@ -79,13 +86,32 @@ def pull_argv(exe: str, dest: str, ref: str) -> list[str]:
     return [exe, "pull", "--force", dest, ref]
 
 
+def build_argv(exe: str, dest: str, source: str) -> list[str]:
+    """``apptainer build`` of a SIF from an OCI layout, a docker archive or a rootfs dir."""
+    return [exe, "build", "--force", dest, source]
+
+
+def build_source(ref: str) -> str | None:
+    """The ``apptainer build`` source for an image ref that is an OCI layout or a docker
+    archive (None for anything else)."""
+    if ref.startswith(("oci:", "docker-archive:")):
+        return ref
+    if os.path.isdir(ref) and os.path.exists(os.path.join(ref, "oci-layout")):
+        return "oci:" + ref
+    if ref.endswith((".tar", ".tar.gz", ".tgz")) and os.path.isfile(ref):
+        return "docker-archive:" + ref
+    return None
+
+
 def _exists(path: str | Path) -> bool:
     return os.path.exists(path)  # a local stat: fine to call from the event loop
 
 
 class ApptainerBackend(Backend):
     """Options: apptainer (binary path; default: ``apptainer`` then ``singularity`` on
-    PATH), image_cache_dir (default <state_dir>/images), containall (default True; False
+    PATH), images (the image store: stored images by digest or name, and its ``sif/``
+    dir as the SIF cache), image_cache_dir (default: the store's ``sif/``, else
+    <state_dir>/images), containall (default True; False
     gives ``--contain --pid --ipc``), pull_timeout_s, command_timeout_s."""
 
     name: ClassVar[str] = "apptainer"
@@ -93,11 +119,17 @@ class ApptainerBackend(Backend):
 
     def __init__(self, *, apptainer: str | None = None, image_cache_dir: str | None = None,
                  containall: bool = True, pull_timeout_s: float = 1800.0,
-                 command_timeout_s: float = 120.0, **options: Any) -> None:
+                 command_timeout_s: float = 120.0, images: ImageStore | None = None,
+                 **options: Any) -> None:
         super().__init__(**options)
         self.exe = apptainer or shutil.which("apptainer") or shutil.which("singularity") or ""
-        self.image_cache = Path(image_cache_dir) if image_cache_dir else \
-            self.layout.state_dir / "images"
+        self.images = images
+        if image_cache_dir:
+            self.image_cache = Path(image_cache_dir)
+        elif images is not None:
+            self.image_cache = images.root / "sif"
+        else:
+            self.image_cache = self.layout.state_dir / "images"
         self.containall = containall
         self.pull_timeout_s = pull_timeout_s
         self.command_timeout_s = command_timeout_s
@@ -167,12 +199,24 @@ class ApptainerBackend(Backend):
                                     f"{result.stderr.decode(errors='replace').strip()[-1000:]}")
 
     async def image(self, ref: str) -> str:
-        """A local .sif for ``ref``: a path as is, a ``docker://`` (or other) ref pulled
-        and converted once into the cache."""
+        """A local .sif for ``ref``: a .sif path as is; an OCI layout, a docker archive or a
+        stored image built once, a ``docker://`` (or other) ref pulled once, into the cache."""
+        ref = ref.removeprefix("sif:")
+        source = build_source(ref)
+        if source is None and "://" not in ref and not ref.endswith(".sif"):
+            stored = self.images.lookup(ref) if self.images is not None else None
+            if stored is not None:
+                source = str(stored.rootfs)
+        if source is not None:
+            return await self._cached(ref, build_argv, source)
         if "://" not in ref:
             if not _exists(ref):
-                raise SandboxStartError(f"apptainer image {ref} does not exist")
+                raise ImageNotFound(f"apptainer image {ref} does not exist")
             return ref
+        return await self._cached(ref, pull_argv, ref)
+
+    async def _cached(self, ref: str, make: Callable[[str, str, str], list[str]],
+                      source: str) -> str:
         dest = self.image_cache / sif_name(ref)
         lock = self._image_locks.setdefault(ref, trio.Lock())
         async with lock:
@@ -180,11 +224,12 @@ class ApptainerBackend(Backend):
                 return str(dest)
             self.image_cache.mkdir(parents=True, exist_ok=True)
             tmp = dest.with_suffix(f".part{os.getpid()}")
-            log.info("pulling %s into %s (once)", ref, dest)
-            if os.path.basename(self.exe) == "singularity" and shutil.which("singularity"):
+            log.info("converting %s into %s (once)", ref, dest)
+            if make is pull_argv and os.path.basename(self.exe) == "singularity" \
+                    and shutil.which("singularity"):
                 await self._pull_spython(ref, tmp)
             else:
-                await self._run(pull_argv(self.exe, str(tmp), ref), timeout_s=self.pull_timeout_s)
+                await self._run(make(self.exe, str(tmp), source), timeout_s=self.pull_timeout_s)
             tmp.rename(dest)
         return str(dest)
 

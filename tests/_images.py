@@ -48,10 +48,11 @@ from pathlib import Path
 log = logging.getLogger("rolloutd.test_images")
 
 #: Bump on any change of a recipe below (the cache directory is named after it).
-VERSION = "v1"
+VERSION = "v2"
 TAG = "test"
 DEBIAN_SUITE = "bookworm"
-DEBIAN_PACKAGES = ("python3", "python3-pytest", "git", "ca-certificates")
+# python3-ipykernel: the ipython tool runs the image's own kernel
+DEBIAN_PACKAGES = ("python3", "python3-pytest", "python3-ipykernel", "git", "ca-certificates")
 DEBIAN_ENV = (
     "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "ROLLOUTD_IMAGE=debian",

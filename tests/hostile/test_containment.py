@@ -58,12 +58,53 @@ def state_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture
-def bwrap(state_dir: Path) -> Iterator[Any]:
-    """A bwrap backend; afterwards: no sandbox process, fd, sandbox dir or mount left."""
+class WithImage:
+    """Test wrapper: a backend whose every open runs in ``image`` (the spec's other fields
+    kept), so each workload here runs over the host's root and in a real image."""
+
+    def __init__(self, backend: Any, image: str) -> None:
+        self.backend = backend
+        self.image = image
+
+    def open(self, spec: SandboxSpec | None = None) -> Any:
+        return self.backend.open((spec or SandboxSpec()).model_copy(update={"image": self.image}))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+
+@pytest.fixture(scope="module")
+def image_store_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="rlci", dir="/tmp"))  # one unpack per module
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _image_ref(request: pytest.FixtureRequest) -> str:
+    """The Debian test image: ROLLOUTD_TEST_IMAGE (the unprivileged run gets a copy), else
+    the suite's real test images (tests/_images.py)."""
+    ref = os.environ.get("ROLLOUTD_TEST_IMAGE")
+    if ref:
+        return ref
+    images = request.getfixturevalue("test_images")
+    return str(images.oci_ref(images.debian_oci))
+
+
+@pytest.fixture(params=["host-root", "image"])
+def bwrap(request: pytest.FixtureRequest, state_dir: Path, image_store_dir: Path) -> Iterator[Any]:
+    """A bwrap backend (over the host's root, or every sandbox in the Debian test image);
+    afterwards: no sandbox process, fd, sandbox dir or mount left."""
+    from rolloutd.sandbox.images import ImageStore
+
     boot = "h" + secrets.token_hex(5)
+    image = _image_ref(request) if request.param == "image" else None
     fds = _fds()
-    yield open_backend("bwrap", state_dir=state_dir, boot_id=boot, check=True)
+    store = ImageStore(image_store_dir)
+    if image:
+        store.resolve(image)  # unpacked before the test (its inodes are not the test's)
+    backend = open_backend("bwrap", state_dir=state_dir, boot_id=boot, check=True,
+                           images=store)
+    yield WithImage(backend, image) if image else backend
     assert _marked(boot_tag(boot)) == [], "sandbox processes leaked"
     assert _fds() - fds == set(), "fds leaked"
     boxes = state_dir / "sandboxes"
@@ -250,7 +291,12 @@ async def test_writes_to_the_host_fail(bwrap: Any, state_dir: Path) -> None:
         # The state dir is hidden under a tmpfs of the sandbox's own: a write lands there.
         script += f"; echo x > {state_dir}/evil"
         r = await sb.run(["sh", "-c", script + "; echo done"], timeout_s=20)
-        assert r.stdout == b"done\n", r.stdout.decode()
+        wrote = set(r.stdout.decode().splitlines()) - {"done"}
+        if isinstance(bwrap, WithImage):  # the image's root is writable: its overlay takes these
+            wrote -= {f"WROTE {t}" for t in ("/etc/passwd", "/etc/evil", "/usr/evil",
+                                             "/usr/bin/evil", f"{home}/evil", "/var/evil",
+                                             "/opt/evil", sys.executable)}
+        assert wrote == set() and r.stdout.endswith(b"done\n"), r.stdout.decode()
         assert (await sb.run(["sh", "-c", "echo ok > /workspace/f && echo ok > /tmp/f && echo both"],
                              timeout_s=10)).stdout == b"both\n"
         assert (other.workspace / "mine.txt").read_text() == "other's\n"
@@ -331,10 +377,12 @@ async def test_the_helper_cannot_be_traced_or_reached_through_its_fds(bwrap: Any
         r = await sb.run([sb.python, "-c", AT_THE_HELPER], timeout_s=20)
         assert r.exit_code == 0, r
         found = set(r.stdout.decode().splitlines()) - {""}
-        if os.geteuid() == 0:
-            # As root the sandbox's uid 0 is host uid 0 and owns /proc/1's files even when
-            # the helper is not dumpable: raising its oom_score_adj is a documented residual.
+        if os.geteuid() == 0 or isinstance(bwrap, WithImage):
+            # As root the sandbox's uid 0 is host uid 0, and in an image it is its user
+            # namespace's root: either way it owns /proc/1's files even though the helper is
+            # not dumpable, so raising its oom_score_adj is a documented residual.
             found.discard("raised oom_score_adj")
+        if os.geteuid() == 0:
             # pipes, sockets, /dev/null, its own /proc/1/oom_score_adj: no path of the host
             assert not [link for link in _helper_fds(sb) if link.startswith("/")
                         and link != "/dev/null" and not link.startswith("/proc/1/")]

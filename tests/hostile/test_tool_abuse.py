@@ -11,11 +11,12 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from rolloutd.sandbox import SandboxSpec, open_backend
 from rolloutd.tools import open_toolbox
@@ -31,13 +32,30 @@ def _rss_mb() -> float:
     return 0.0
 
 
-@pytest.fixture
-async def box() -> AsyncIterator[Any]:
+@pytest.fixture(scope="module")
+def image_store() -> Iterator[Any]:
+    from rolloutd.sandbox.images import ImageStore
+
+    path = Path(tempfile.mkdtemp(prefix="rlts", dir="/tmp"))
+    yield ImageStore(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(params=["host-root", "image"])
+async def box(request: pytest.FixtureRequest, image_store: Any) -> AsyncIterator[Any]:
+    """A bwrap sandbox with the bash and editor tools: over the host's root, and in the
+    Debian test image (tests/_images.py)."""
+    image = None
+    if request.param == "image":
+        images = request.getfixturevalue("test_images")
+        image = images.oci_ref(images.debian_oci)
+        await trio.to_thread.run_sync(image_store.resolve, image)
     state = Path(tempfile.mkdtemp(prefix="rlt", dir="/tmp"))
     fds = set(os.listdir("/proc/self/fd"))
-    backend = open_backend("bwrap", state_dir=state, boot_id="t" + secrets.token_hex(4), check=True)
+    backend = open_backend("bwrap", state_dir=state, boot_id="t" + secrets.token_hex(4), check=True,
+                           images=image_store)
     try:
-        async with backend.open(SandboxSpec(lifetime_s=300)) as sb, \
+        async with backend.open(SandboxSpec(lifetime_s=300, image=image)) as sb, \
                 open_toolbox(sb, ["bash", "editor"]) as tb:
             yield sb, tb
         assert set(os.listdir("/proc/self/fd")) - fds == set(), "fds leaked"

@@ -127,3 +127,35 @@ def base_spec(backend_name):
 @pytest.fixture
 def bwrap(state_dir, boot_id, leak_check):
     return open_backend("bwrap", state_dir=state_dir, boot_id=boot_id, check=True)
+
+
+@pytest.fixture(scope="session")
+def image_store(test_images, tmp_path_factory):
+    """One image store for the session: each real test image is unpacked once."""
+    from rolloutd.sandbox.images import ImageStore
+
+    return ImageStore(tmp_path_factory.mktemp("image-store"))
+
+
+@pytest.fixture
+def image_bwrap(state_dir, boot_id, leak_check, image_store):
+    """The bwrap backend with the session's image store."""
+    return open_backend("bwrap", state_dir=state_dir, boot_id=boot_id, check=True,
+                        images=image_store)
+
+
+class WithImage:
+    """Test wrapper: a backend whose every open runs in ``image`` (the spec's other
+    fields kept), so workload tests written for the host root run in an image too."""
+
+    def __init__(self, backend, image: str) -> None:
+        self.backend = backend
+        self.image = image
+
+    def open(self, spec=None):
+        from rolloutd.sandbox import SandboxSpec
+
+        return self.backend.open((spec or SandboxSpec()).model_copy(update={"image": self.image}))
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from rolloutd.sandbox import Bind, SandboxSpec, SandboxStartError, open_backend
+from rolloutd.sandbox import Bind, ImageNotFound, SandboxSpec, SandboxStartError, open_backend
 from rolloutd.sandbox._apptainer import (
+    ApptainerBackend,
+    build_argv,
+    build_source,
     exec_argv,
     instance_name,
     overlay_argv,
@@ -22,7 +25,7 @@ KW = dict(image="/img/py.sif", name="rld-boot-abc", workspace="/s/ws", control_d
 def test_instance_start_has_every_isolation_flag():
     argv = start_argv("apptainer", SandboxSpec(), overlay=None, **KW)
     assert argv[:4] == ["apptainer", "instance", "start", "--containall"]
-    assert argv[argv.index("--no-mount") + 1] == "home,cwd,tmp"
+    assert argv[argv.index("--no-mount") + 1] == "home,cwd,tmp" and "--no-home" in argv
     assert "--cleanenv" in argv
     i = argv.index("--net")
     assert argv[i + 1 : i + 3] == ["--network", "none"]
@@ -83,3 +86,50 @@ async def test_open_without_binary_fails_cleanly(state_dir, boot_id, leak_check)
     with pytest.raises(SandboxStartError):
         async with backend.open(SandboxSpec(image="/img.sif")):
             pass
+
+
+def test_image_sources_convert_with_apptainer_build(tmp_path):
+    layout = tmp_path / "layout"
+    layout.mkdir()
+    (layout / "oci-layout").write_text("{}")
+    tar = tmp_path / "img.tar"
+    tar.write_bytes(b"x")
+    assert build_source(f"oci:{layout}:v1") == f"oci:{layout}:v1"
+    assert build_source(str(layout)) == f"oci:{layout}"
+    assert build_source(str(tar)) == f"docker-archive:{tar}"
+    assert build_source(f"docker-archive:{tar}:x/y") == f"docker-archive:{tar}:x/y"
+    assert build_source("/img/x.sif") is None and build_source("docker://a") is None
+    assert build_argv("apptainer", "/c/x.sif", f"oci:{layout}") == [
+        "apptainer", "build", "--force", "/c/x.sif", f"oci:{layout}"]
+
+
+FAKE_APPTAINER = """#!/bin/sh
+# TEST DOUBLE for apptainer: records its argv, makes the output file of build/pull
+echo "$@" >> "$(dirname "$0")/calls"
+if [ "$1" = build ] || [ "$1" = pull ]; then echo sif > "$3"; fi
+"""
+
+
+async def test_image_is_converted_once_per_source(tmp_path, state_dir, test_images):
+    from rolloutd.sandbox.images import ImageStore
+
+    fake = tmp_path / "apptainer"
+    fake.write_text(FAKE_APPTAINER)
+    fake.chmod(0o755)
+    store = ImageStore(tmp_path / "store")
+    backend = ApptainerBackend(state_dir=state_dir, boot_id="b", apptainer=str(fake),
+                               images=store)
+    oci = test_images.oci_ref(test_images.busybox_oci)
+    sif = await backend.image(oci)
+    assert sif.startswith(str(tmp_path / "store" / "sif")) and sif.endswith(".sif")
+    assert await backend.image(oci) == sif  # once
+    stored = store.resolve(f"docker-archive:{test_images.debian_tar}")
+    named = await backend.image(stored.digest)
+    assert await backend.image(f"sif:{test_images.debian_sif}") == str(test_images.debian_sif)
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert len(calls) == 2, calls  # one build per source; the .sif needs none
+    assert calls[0].startswith("build --force ") and calls[0].endswith(f" {oci}")
+    assert calls[1].startswith("build --force ") and calls[1].endswith(f" {stored.rootfs}")
+    assert named.endswith(".sif")
+    with pytest.raises(ImageNotFound):
+        await backend.image("/nonexistent/x.sif")

@@ -17,7 +17,18 @@ import trio
 
 from rolloutd.sandbox import PathEscapeError, SandboxSpec
 
-from .conftest import marked_pids
+from .conftest import WithImage, marked_pids
+
+
+@pytest.fixture(params=["host-root", "image"])
+def bwrap(request, bwrap):
+    """Every hostile workload twice: over the host's root, and in a real Debian image (the
+    session's image store; tests/_images.py)."""
+    if request.param == "host-root":
+        return bwrap
+    images = request.getfixturevalue("test_images")
+    bwrap.images = request.getfixturevalue("image_store")
+    return WithImage(bwrap, images.oci_ref(images.debian_oci))
 
 
 def rss_mb() -> float:
@@ -115,6 +126,7 @@ async def test_no_network_egress(bwrap):
 
 async def test_cannot_read_daemon_proc_or_environment(bwrap, monkeypatch):
     monkeypatch.setenv("ROLLOUTD_TEST_SECRET", "s3cr3t-token")
+    in_image = isinstance(bwrap, WithImage)
     async with bwrap.open(SandboxSpec(env={"VISIBLE": "yes"})) as sb:
         r = await sb.run(["sh", "-c", "cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline; env"],
                          timeout_s=10)
@@ -124,17 +136,21 @@ async def test_cannot_read_daemon_proc_or_environment(bwrap, monkeypatch):
         assert env["VISIBLE"] == "yes" and "ROLLOUTD_TEST_SECRET" not in env
         assert set(env) <= {"PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TERM",
                             "PAGER", "GIT_PAGER", "VISIBLE", "ROLLOUTD_SANDBOX", "ROLLOUTD_RUN",
-                            "PWD", "SHLVL", "_", "OLDPWD"}
+                            "PWD", "SHLVL", "_", "OLDPWD", *(["ROLLOUTD_IMAGE"] if in_image else [])}
         r = await sb.run(["sh", "-c", "ls /proc | grep -c '^[0-9]'"], timeout_s=10)
         assert int(r.stdout) <= 4  # helper, sh, ls, grep: no host process is visible
         r = await sb.run(["cat", "/etc/shadow"], timeout_s=10)
-        assert r.stdout == b""
+        if in_image:  # the image's own file, never the host's
+            assert r.stdout and b"rolloutd-test" not in r.stdout
+        else:
+            assert r.stdout == b""
         async with bwrap.open(SandboxSpec()) as other:
             r = await sb.run(["ls", "-R", str(bwrap.layout.state_dir)], timeout_s=10)
             assert other.id.encode() not in r.stdout  # other sandboxes' dirs are hidden
             assert sb.id.encode() in r.stdout
         r = await sb.run(["sh", "-c", "touch /usr/evil || echo ro"], timeout_s=10)
-        assert r.stdout == b"ro\n" and not os.path.exists("/usr/evil")
+        # the host's root is read-only; an image's takes the write on its overlay
+        assert r.stdout == (b"" if in_image else b"ro\n") and not os.path.exists("/usr/evil")
 
 
 async def test_symlinks_through_the_file_helper(bwrap):
@@ -146,7 +162,9 @@ async def test_symlinks_through_the_file_helper(bwrap):
         with pytest.raises(PathEscapeError):
             await sb.write_file("root/usr/x", b"x")
         # a racer swapping a dir and a symlink to / never gets the helper outside
-        racer = await sb.spawn(["sh", "-c", "mkdir -p d; echo inside > d/f; while :; do "
+        # d/f is written before the racer starts (a read must never see it half-written)
+        await sb.run(["sh", "-c", "mkdir -p d; echo inside > d/f"], timeout_s=10)
+        racer = await sb.spawn(["sh", "-c", "while :; do "
                                 "mv d d.real; ln -s / d; rm d; mv d.real d; done"])
         for _ in range(200):
             try:
