@@ -1,4 +1,4 @@
-"""The ``rolloutd`` command: serve | status | submit | demo | model-server."""
+"""The ``rolloutd`` command: serve | status | submit | images | demo | model-server."""
 
 from __future__ import annotations
 
@@ -71,6 +71,24 @@ def _parser() -> argparse.ArgumentParser:
     batch.add_argument("--metric", default=None, help="filter on this reward_info key (default reward)")
     batch.add_argument("--keep-running", action="store_true",
                        help="do not cancel the batch if this command is interrupted")
+
+    images = sub.add_parser("images", help="the daemon's image store: pull, import, ls, rm, gc")
+    isub = images.add_subparsers(dest="images_command", required=True)
+    pull = isub.add_parser("pull", help="pull docker://REF with skopeo (needs a reachable registry)")
+    pull.add_argument("ref", help="docker://REF (the prefix may be left out)")
+    imp = isub.add_parser("import", help="import oci:DIR[:TAG], docker-archive:FILE[:NAME] or a .sif")
+    imp.add_argument("source")
+    for p in (pull, imp):
+        p.add_argument("--name", help="a name to find the image by")
+    ls = isub.add_parser("ls", help="list the stored images")
+    ls.add_argument("--json", action="store_true", help="print the raw JSON")
+    rm = isub.add_parser("rm", help="remove an image (digest, unique prefix or name)")
+    rm.add_argument("ref")
+    gc = isub.add_parser("gc", help="remove least recently used images until the store fits")
+    gc.add_argument("--max-gb", type=float, default=None,
+                    help="the size to fit (default: the daemon's image_cache_max_gb)")
+    for p in (pull, imp, ls, rm, gc):
+        _add_client_args(p)
 
     demo = sub.add_parser("demo", help="run a real rollout demo on the embedded default")
     demo.add_argument("--out", type=Path, default=Path("trajectories.jsonl"))
@@ -166,6 +184,37 @@ def _submit_batch(args: argparse.Namespace, tasks: list[dict[str, Any]], options
     return 0 if st["state"] == "completed" else 1
 
 
+def cmd_images(args: argparse.Namespace) -> int:
+    from rolloutd.daemon.render import import_image_with_progress, print_images
+
+    with _client(args) as c:
+        if args.images_command in ("pull", "import"):
+            source = args.ref if args.images_command == "pull" else args.source
+            if args.images_command == "pull" and "://" not in source:
+                source = "docker://" + source
+            import_image_with_progress(c, source, name=args.name)
+        elif args.images_command == "ls":
+            images = c.images()
+            if args.json:
+                print(json.dumps(images, indent=2))
+            else:
+                print_images(images)
+        elif args.images_command == "rm":
+            ref = args.ref
+            if "/" in ref:  # a name the route cannot carry: remove it by its digest
+                found = [i["digest"] for i in c.images() if ref in i["names"]]
+                if not found:
+                    raise RolloutdError(404, "not_found", f"no image named {ref!r}")
+                ref = found[0]
+            gone = c.remove_image(ref)
+            print(f"removed {gone['digest']}")
+        else:
+            report = c.gc_images(max_gb=args.max_gb)
+            print(f"removed {len(report['removed'])} image(s), freed {report['freed_bytes']} bytes; "
+                  f"{report['kept_bytes']} bytes kept")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from rolloutd.daemon.demo import main as demo_main
 
@@ -187,6 +236,7 @@ COMMANDS = {
     "serve": cmd_serve,
     "status": cmd_status,
     "submit": cmd_submit,
+    "images": cmd_images,
     "demo": cmd_demo,
     "model-server": cmd_model_server,
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +106,22 @@ def _batch_group(line: str, prompts: Sequence[Mapping[str, Any]] | None) -> Batc
         task = dict(prompts[d["prompt_index"]])
     return BatchGroup(d["group_id"], d["prompt_index"], task, d["rewards"],
                       [Trajectory.model_validate(t) for t in d["rollouts"]])
+
+
+def _image_body(source: str, name: str | None) -> dict[str, Any]:
+    return {"source": source, **({"name": name} if name is not None else {})}
+
+
+def _image_line(
+    data: Mapping[str, Any], progress: Callable[[int, int], None]
+) -> dict[str, Any] | None:
+    """One line of a streamed import: progress (None), the image, or the error raised."""
+    if "progress" in data:
+        progress(int(data["progress"]["done"]), int(data["progress"]["total"]))
+        return None
+    if "error" in data:
+        raise RolloutdError(422, str(data["error"].get("type")), str(data["error"].get("message")))
+    return dict(data["image"])
 
 
 def _unreachable(exc: httpx.HTTPError) -> RolloutdError:
@@ -222,6 +238,40 @@ class Client:
         except httpx.HTTPError as exc:
             raise _unreachable(exc) from exc
 
+    def import_image(
+        self, source: str, *, name: str | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> dict[str, Any]:
+        """Import ``source`` into the daemon's image store (``oci:DIR[:TAG]``,
+        ``docker-archive:FILE``, a ``.sif``, ``docker://REF``); the image. ``progress(done,
+        total)`` is called with the unpacked bytes as the daemon reports them."""
+        body = _image_body(source, name)
+        if progress is None:
+            return dict(self._call("POST", "/v1/images", json=body))
+        try:
+            with self._http.stream("POST", "/v1/images", json=body,
+                                   headers={"Accept": "application/x-ndjson"}) as resp:
+                if not resp.is_success:
+                    resp.read()
+                    _check(resp)
+                for line in resp.iter_lines():
+                    if line.strip():
+                        done = _image_line(json.loads(line), progress)
+                        if done is not None:
+                            return done
+        except httpx.HTTPError as exc:
+            raise _unreachable(exc) from exc
+        raise RolloutdError(0, "unreachable", "the daemon ended the import without an answer")
+
+    def images(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/v1/images")["images"])
+
+    def remove_image(self, ref: str) -> dict[str, Any]:
+        return dict(self._call("DELETE", f"/v1/images/{ref}"))
+
+    def gc_images(self, *, max_gb: float | None = None) -> dict[str, Any]:
+        return dict(self._call("POST", "/v1/images/gc", json={"max_gb": max_gb}))
+
     def sample_batch(
         self, prompts: Sequence[Mapping[str, Any]], *, group_size: int, keep: int, **options: Any
     ) -> Iterator[BatchGroup]:
@@ -317,6 +367,18 @@ class AsyncClient:
     ) -> dict[str, Any]:
         body = _batch_body(prompts, group_size, keep, options)
         return dict(await self._call("POST", "/v1/batches", json=body))
+
+    async def import_image(self, source: str, *, name: str | None = None) -> dict[str, Any]:
+        return dict(await self._call("POST", "/v1/images", json=_image_body(source, name)))
+
+    async def images(self) -> list[dict[str, Any]]:
+        return list((await self._call("GET", "/v1/images"))["images"])
+
+    async def remove_image(self, ref: str) -> dict[str, Any]:
+        return dict(await self._call("DELETE", f"/v1/images/{ref}"))
+
+    async def gc_images(self, *, max_gb: float | None = None) -> dict[str, Any]:
+        return dict(await self._call("POST", "/v1/images/gc", json={"max_gb": max_gb}))
 
     async def batch_status(self, batch_id: str) -> dict[str, Any]:
         return dict(await self._call("GET", f"/v1/batches/{batch_id}"))

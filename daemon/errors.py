@@ -6,9 +6,11 @@
     │  ├─ InvalidRequest         it reads, but fails validation
     │  │  ├─ InvalidTask             a task (or a limit beside it) is malformed
     │  │  ├─ InvalidBackend          a backend spec is malformed
+    │  │  ├─ InvalidImage            an image that cannot be found or read
     │  │  └─ ReloadFailed            weights that cannot be loaded
     │  ├─ NotFound               no such rollout, batch, backend or route
     │  ├─ IdempotencyConflict    an idempotency key reused with another body
+    │  ├─ ImageInUse             an image a live sandbox uses cannot be removed
     │  ├─ QueueFullError         no room now; retry after ``retry_after_s``
     │  ├─ TooManyBatches         too many batches running; retry later
     │  ├─ Draining               the daemon takes no new work
@@ -59,6 +61,10 @@ class InvalidBackend(InvalidRequest):
     """A backend spec is malformed."""
 
 
+class InvalidImage(InvalidRequest):
+    """An image (a task's, or one to import) that cannot be found or read."""
+
+
 class ReloadFailed(InvalidRequest):
     """Weights that cannot be loaded into a backend (the backend keeps its old ones)."""
 
@@ -69,6 +75,10 @@ class NotFound(RequestError):
 
 class IdempotencyConflict(RequestError):
     """An idempotency key was reused with another request body."""
+
+
+class ImageInUse(RequestError):
+    """An image that a live sandbox uses cannot be removed now."""
 
 
 class QueueFullError(RequestError):
@@ -93,7 +103,9 @@ __all__ = [
     "DaemonError",
     "Draining",
     "IdempotencyConflict",
+    "ImageInUse",
     "InvalidBackend",
+    "InvalidImage",
     "InvalidRequest",
     "InvalidTask",
     "NotFound",

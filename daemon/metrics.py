@@ -3,7 +3,8 @@
 Two sources:
 
 - **At scrape time**, a collector reads ``node.status()``: stage queue depths, in-flight and
-  worker counts, live jobs, sandboxes (live, idle in the warm pool, opened, closed, start
+  worker counts, live jobs, images (stored, bytes, hits, misses, prefetch, unpack time),
+  sandboxes (live, idle in the warm pool, opened, closed, start
   failures, swept orphans), each LLM backend's health, in-flight requests, served requests
   and failures, whether the daemon drains. Plus the process's RSS, fds and CPU.
 - **Per finished rollout**, :meth:`Metrics.observe_job` reads its trajectory: rollouts by
@@ -59,6 +60,7 @@ class _StatusCollector(Collector):
                                 value=pipeline["queue_capacity"])
         yield GaugeMetricFamily("rolloutd_live_jobs", "Jobs not yet terminal", value=pipeline["live_jobs"])
         yield from _sandbox_metrics(st.get("sandboxes") or {})
+        yield from _image_metrics(st.get("images") or {})
         yield from _backend_metrics((st.get("backends") or {}).get("backends", []))
         yield GaugeMetricFamily("rolloutd_draining", "1 while draining", value=1.0 if st["draining"] else 0.0)
         yield GaugeMetricFamily("rolloutd_ready", "1 while accepting rollouts", value=1.0 if st["ready"] else 0.0)
@@ -73,6 +75,20 @@ def _sandbox_metrics(sb: dict[str, Any]) -> Iterator[Metric]:
                            ("start_failures", "Sandboxes that failed to start"),
                            ("swept", "Orphan sandboxes of earlier daemon processes removed at start")):
         yield CounterMetricFamily(f"rolloutd_sandboxes_{key}", help_text, value=sb.get(key, 0))
+
+
+def _image_metrics(images: dict[str, Any]) -> Iterator[Metric]:
+    yield GaugeMetricFamily("rolloutd_images_stored", "Images in the image store",
+                            value=images.get("images", 0))
+    yield GaugeMetricFamily("rolloutd_images_bytes", "Bytes of unpacked layers in the image store",
+                            value=images.get("bytes", 0))
+    for key, help_text in (("hits", "Image resolves answered from the store"),
+                           ("misses", "Image resolves that imported (unpacked) the image"),
+                           ("prefetched", "Images resolved ahead of INIT"),
+                           ("prefetch_failed", "Prefetches that failed (INIT reports the error)")):
+        yield CounterMetricFamily(f"rolloutd_images_{key}", help_text, value=images.get(key, 0))
+    yield CounterMetricFamily("rolloutd_images_unpack_seconds", "Time spent unpacking images",
+                              value=images.get("unpack_s_total", 0.0))
 
 
 def _backend_metrics(backends: list[dict[str, Any]]) -> Iterator[Metric]:

@@ -38,6 +38,7 @@ from rolloutd.daemon.backends import Backends
 from rolloutd.daemon.config import Settings
 from rolloutd.daemon.forward import Forwarder
 from rolloutd.daemon.front import Front
+from rolloutd.daemon.images import Images
 from rolloutd.daemon.jobs import new_id
 from rolloutd.daemon.journal import Journal
 from rolloutd.daemon.logs import redact
@@ -87,7 +88,8 @@ class Node:
         self.pipeline = Pipeline(settings, self.services)
         self.service = RolloutService(settings, self.pipeline, self.registry)
         self.metrics = Metrics(self.status)
-        self.sampler = Sampler(self.service, submit=self.submit)
+        self.images = Images(settings)
+        self.sampler = Sampler(self.service, submit=self.submit, prefetch=self.images.prefetch)
         self.journal = Journal(
             settings.state_dir / "journal.sqlite3", boot_id=self.boot_id, ttl_s=settings.result_ttl_s
         )
@@ -128,6 +130,7 @@ class Node:
             for job in sub.jobs:
                 job.add_listener(self.metrics.observe_job)
                 job.add_listener(self.journal.record_finished)
+            self.images.prefetch([req.task])
         return sub
 
     # ---- what operators read ------------------------------------------------------------
@@ -143,6 +146,7 @@ class Node:
             "pipeline": self.pipeline.statistics(),
             "rollouts": {"submitted": self.service.submitted_total, **self.service.store.counts()},
             "sandboxes": self.supervisor.statistics() if self.supervisor else None,
+            "images": self.images.statistics(),
             "backends": (
                 {"policy_version": self.pool.policy_version, "backends": self.pool.describe()}
                 if self.pool
@@ -192,6 +196,7 @@ class Node:
                 await self._start_services(nursery)
             if self.services.renderer is None:
                 self.services.renderer = self.backends.renderer
+            await nursery.start(self.images.run)
             await nursery.start(self.front.run)
             await nursery.start(self.pipeline.run)
             await nursery.start(self.sampler.run)
@@ -297,10 +302,11 @@ class Node:
 
     def _sandbox_options(self) -> dict[str, Any]:
         s = self.settings
-        options: dict[str, Any] = {"spares": s.sandbox_spares}
+        options: dict[str, Any] = {"spares": s.sandbox_spares, "images": self.images.store}
+        if s.sandbox_backend == "bwrap" and s.bwrap_binary:
+            options["bwrap"] = s.bwrap_binary
         if s.sandbox_backend == "apptainer":
             options["apptainer"] = s.apptainer_binary
-            options["image_cache_dir"] = str(s.image_cache_dir or s.cache_dir / "images")
         return options
 
     async def _start_federation(self, nursery: trio.Nursery) -> None:

@@ -280,6 +280,10 @@ class Pipeline:
         if supervisor is None:
             raise PipelineError("this daemon has no sandbox supervisor")
         lifetime_s = job.budget.remaining() + self.settings.sandbox_lifetime_buffer_s
+        image = job.request.task.get("image")
+        if spec.image is None and isinstance(image, str) and image:
+            # any sandboxed task may name an image: its sandboxes (evaluation's too) run in it
+            spec = spec.model_copy(update={"image": image})
         sb = await supervisor.open(self.complete_spec(spec, lifetime_s=lifetime_s))
         log.debug("job %s opened sandbox %s", job.id, sb.id, extra=_ids(job, sandbox_id=sb.id))
         return sb

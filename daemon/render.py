@@ -147,3 +147,43 @@ def sample_batch_with_progress(
     console.print(f"batch {st['id']} {st['state']} ({st['stop_reason']}): kept {st['kept']}/{keep}, "
                   + _batch_info(st) + (f"; written to {out}" if out else ""))
     return st
+
+
+def import_image_with_progress(
+    client: Client, source: str, *, name: str | None, console: Console | None = None
+) -> dict[str, Any]:
+    """``rolloutd images pull|import``: a progress bar of the unpacked bytes, then the image."""
+    from rich.progress import DownloadColumn, TransferSpeedColumn
+
+    console = console or Console(stderr=True)
+    with Progress(TextColumn("unpacking"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        bar = progress.add_task("unpack", total=None)
+
+        def show(done: int, total: int) -> None:
+            progress.update(bar, completed=done, total=total or None)
+
+        image = client.import_image(source, name=name, progress=show)
+    console.print(f"{image['digest']}  {_size(image['size'])}  {' '.join(image['names'])}")
+    return image
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def print_images(images: Sequence[Mapping[str, Any]], console: Console | None = None) -> None:
+    import time
+
+    console = console or Console()
+    table = Table("digest", "names", "size", "layers", "last used", "source")
+    now = time.time()
+    for image in images:
+        table.add_row(image["digest"][:19], ", ".join(image["names"]) or "-", _size(image["size"]),
+                      str(len(image["layers"])), f"{(now - image['last_used']) / 60:.0f} min ago",
+                      image["source"])
+    console.print(table)

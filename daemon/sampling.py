@@ -63,9 +63,11 @@ class Sampler:
         *,
         submit: Callable[[RolloutRequest], Submitted] | None = None,
         ttl_s: float | None = None,
+        prefetch: Callable[[list[dict[str, Any]]], None] | None = None,
     ) -> None:
         self.service = service
         self._submit = submit or service.submit
+        self._prefetch = prefetch  # warms what a coming group needs (its image)
         self.ttl_s = ttl_s if ttl_s is not None else service.settings.result_ttl_s
         self._batches: dict[str, Batch] = {}
         self._send, self._recv = trio.open_memory_channel[Batch](self.MAX_LIVE_BATCHES)
@@ -253,6 +255,9 @@ class Sampler:
             priority=req.priority,
             labels=[*req.labels, f"batch:{batch.id}"],
         ))
+        ahead = index + batch.max_in_flight  # the group that starts a window from now
+        if self._prefetch is not None and ahead < batch.max_gen_groups:
+            self._prefetch([req.prompts[ahead]])
         group = Group(index=index, group_id=sub.group_id, task=task, jobs=sub.jobs,
                       pending=len(sub.jobs))
         batch.groups.append(group)

@@ -18,7 +18,15 @@ from quart_schema import HttpSecurityScheme, QuartSchema
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from rolloutd.daemon.api import _backends, _batches, _federation, _operations, _rollouts, _ui
+from rolloutd.daemon.api import (
+    _backends,
+    _batches,
+    _federation,
+    _images,
+    _operations,
+    _rollouts,
+    _ui,
+)
 from rolloutd.daemon.api._errors import HTTP_TYPES, answer_for
 from rolloutd.daemon.api._http import REF_TEMPLATE, OpenAPIDocument, discard_body, error
 from rolloutd.daemon.config import Settings
@@ -48,6 +56,8 @@ class Parts(_operations.Operations, Protocol):
     def front(self) -> Front: ...
     @property
     def backends(self) -> _backends.Backends: ...
+    @property
+    def images(self) -> _images.Images: ...
 
 
 def create_app(parts: Parts) -> QuartTrio:
@@ -62,6 +72,7 @@ def create_app(parts: Parts) -> QuartTrio:
     _answer_errors(app)
     _rollouts.register(app, parts.front, max_timeout_s=settings.max_timeout_s)
     _backends.register(app, parts.backends)
+    _images.register(app, parts.images)
     _operations.register(app, parts)
     _federation.register(app, parts.front)
     _batches.register(app, parts.front, max_timeout_s=settings.max_timeout_s)

@@ -8,7 +8,8 @@ Task fields (SWE-bench / SWE-Gym export names)::
      "FAIL_TO_PASS": ["tests/test_x.py::test_new"],   # a list, or a JSON-encoded list
      "PASS_TO_PASS": ["tests/test_x.py::test_old"],
      "repo_path": "/abs/host/path/to/repo",          # bwrap/local: a git repository, or
-     "image": "/images/textkit-1.sif",               # apptainer: the instance's image,
+     "image": "oci:/images/textkit-1:latest",        # or the instance's image (any source
+                                                     # of docs/sandbox.md; any backend),
      "repo_dir": "/testbed",                         #   with the repository at repo_dir
      "python": null,                                 # interpreter inside the sandbox
      "test_timeout_s": 120, "memory_mb": 2048,
@@ -115,7 +116,7 @@ _TestIdsText = Annotated[str, Field(json_schema_extra={"format": "json-test-ids"
 
 class SweTaskModel(TaskModel):
     """A ``swe`` task (SWE-bench style): the repository from ``repo_path`` (a git repository on
-    the daemon's host) or ``image`` (the instance's Apptainer image)."""
+    the daemon's host) or ``image`` (the instance's container image)."""
 
     model_config = ConfigDict(json_schema_extra={"anyOf": [{"required": ["repo_path"]}, {"required": ["image"]}]})
 
@@ -138,7 +139,7 @@ class SweTaskModel(TaskModel):
     def _checks(self) -> SweTaskModel:
         if self.repo_path is None and self.image is None:
             raise ValueError("give 'repo_path' (a git repository on the daemon's host) "
-                             "or 'image' (the instance's Apptainer image)")
+                             "or 'image' (the instance's container image)")
         if not self.FAIL_TO_PASS:
             raise ValueError("'FAIL_TO_PASS' must list at least one test")
         if "id" not in (self.model_extra or {}):
@@ -154,7 +155,7 @@ class SweTask(TaskHandler):
 
     def sandbox_spec(self, task: dict[str, Any]) -> SandboxSpec:
         if task.get("image") is not None:
-            return SandboxSpec(backend="apptainer", image=task["image"], memory_mb=task["memory_mb"],
+            return SandboxSpec(image=task["image"], memory_mb=task["memory_mb"],
                                pids_max=512, python=task.get("python"))
         path = task["repo_path"]
         return SandboxSpec(memory_mb=task["memory_mb"], pids_max=512, python=task.get("python"),

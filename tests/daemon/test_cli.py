@@ -128,3 +128,35 @@ def test_serve_started_with_signals_blocked_still_drains_on_sigterm(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_images_commands_against_a_daemon(tmp_path, nursery, capsys, test_images):
+    node = Node(make_settings(tmp_path, image_cache_dir=tmp_path / "store"), services=Services())
+    await nursery.start(node.run)
+    url = node.urls[0]
+
+    async def cli(*argv: str) -> tuple[int, str, str]:
+        rc = await trio.to_thread.run_sync(main, ["images", *argv, "--url", url])
+        got = capsys.readouterr()
+        return rc, got.out, got.err
+
+    rc, _, err = await cli("import", test_images.oci_ref(test_images.debian_oci), "--name",
+                           "local/deb")
+    assert rc == 0 and "sha256:" in err and "local/deb" in err, err
+    rc, out, _ = await cli("ls", "--json")
+    listed = json.loads(out)
+    assert rc == 0 and [i["names"] for i in listed] == [["local/deb"]]
+    rc, out, _ = await cli("ls")
+    assert rc == 0 and "deb" in out
+    rc, _, err = await cli("import", "oci:/nonexistent:x")
+    assert rc == 1 and "not_found" in err and "does not exist" in err
+    rc, _, err = await cli("pull", "localhost:1/nothing:here")  # no registry: a clear error
+    assert rc == 1 and "invalid_image" in err, err
+    rc, out, _ = await cli("rm", "local/deb")  # a name with '/': the CLI finds its digest
+    assert rc == 0 and listed[0]["digest"] in out
+    rc, _, err = await cli("rm", "local/deb")
+    assert rc == 1 and "not_found" in err
+    rc, _, _ = await cli("import", test_images.oci_ref(test_images.busybox_oci))
+    rc, out, _ = await cli("gc", "--max-gb", "0")
+    assert rc == 0 and "removed 1 image(s)" in out
+    node.request_stop()

@@ -48,14 +48,14 @@ async def test_sandbox_that_fails_to_start_is_failed_never_reward_zero(daemon: D
     swe = {"kind": "swe", "instance_id": "x-1", "problem_statement": "p", "base_commit": "abc123",
            "FAIL_TO_PASS": ["t"]}
     cases = [
-        ({**swe, "repo_path": "/nonexistent/repo"}, "Can't find source path"),  # bwrap refuses
-        ({**swe, "image": "/nonexistent/image.sif"}, "apptainer"),  # backend or image missing
+        ({**swe, "repo_path": "/nonexistent/repo"}, "SandboxStartError", "Can't find source path"),
+        ({**swe, "image": "/nonexistent/image.sif"}, "ImageNotFound", "/nonexistent/image.sif"),
     ]
-    for task, words in cases:
+    for task, etype, words in cases:
         out = await post(daemon, {"task": task, "n": 2, "wait": True, "timeout_s": 60})
         for t in out["rollouts"]:
             assert (t["status"], t["usable"], t["reward"]) == ("failed", False, None)
-            assert t["error"]["stage"] == "init" and t["error"]["type"] == "SandboxStartError"
+            assert t["error"]["stage"] == "init" and t["error"]["type"] == etype
             assert words in t["error"]["message"]
     await assert_clean(daemon)
 
@@ -95,6 +95,9 @@ FAMILIES = {
     "rolloutd_sandboxes_live": None,
     "rolloutd_sandboxes_opened": None,
     "rolloutd_sandboxes_start_failures": None,
+    "rolloutd_images_stored": None,
+    "rolloutd_images_misses": None,
+    "rolloutd_images_unpack_seconds": None,
     "rolloutd_tool_seconds": {"tool": {"bash", "finish"}},
     "rolloutd_llm_request_seconds": {"backend": {"scripted-1"}},
     "rolloutd_llm_tokens": {"backend": {"scripted-1"}},
