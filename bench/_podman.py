@@ -3,7 +3,7 @@
 Imports nothing of rolloutd. Nothing under /etc is read or changed for our settings: the
 configuration lives in a directory of its own (``CONTAINERS_CONF`` and
 ``CONTAINERS_STORAGE_CONF`` point there), and so do the image store and podman's state.
-See docs/_podman_anchor.md for why each setting is needed on this machine.
+See docs/sandbox.md ("Benchmark: bench/images.py") for why each setting is needed here.
 
     pm = prepare_podman(Path("/tmp/pm"))
     image = load_oci(pm, Path(".../busybox/oci"), "test", "localhost/rolloutd-busybox:test")
