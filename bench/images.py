@@ -53,7 +53,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import _podman  # noqa: E402
+from bench import _leaks, _podman  # noqa: E402
 from rolloutd.daemon.config import Settings  # noqa: E402
 from rolloutd.sandbox import SandboxSpec, open_backend  # noqa: E402
 from rolloutd.sandbox.images import ImageError, ImageStore  # noqa: E402
@@ -162,15 +162,7 @@ async def density(backend: Any, ref: str, count: int, deadline_s: float
 def leak_count(state_dir: Path, backend: Any, store: ImageStore, digest: str
                ) -> dict[str, int]:
     tag = backend.layout.boot_tag
-    marker = f"ROLLOUTD_SANDBOX={tag}/".encode()
-    procs = 0
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/environ", "rb") as f:
-                    procs += marker in f.read()
-            except OSError:
-                pass
+    procs = _leaks.marked_processes(tag)
     mounts = 0
     prefix = str(state_dir)
     with open("/proc/self/mountinfo") as f:
@@ -179,8 +171,7 @@ def leak_count(state_dir: Path, backend: Any, store: ImageStore, digest: str
             mounts += point == prefix or point.startswith(prefix + "/")
     boxes = state_dir / "sandboxes" / tag
     dirs = sum(1 for _ in boxes.iterdir()) if boxes.exists() else 0
-    cgroups = sum(1 for base in backend.limits.boot_dirs() for p in base.rglob(f"{tag}/*")
-                  if p.is_dir())
+    cgroups = _leaks.sandbox_cgroups(backend)
     try:  # fails while any acquire of the image is not released
         store.remove(digest)
         in_use = 0

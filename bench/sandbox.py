@@ -34,6 +34,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import _leaks  # noqa: E402
 from rolloutd.daemon.config import Settings  # noqa: E402
 from rolloutd.sandbox import SandboxSpec, SandboxSupervisor, open_backend  # noqa: E402
 
@@ -179,22 +180,13 @@ async def density(backend, count: int) -> tuple[int, float, float, float]:
 
 def snapshot(state_dir: Path, backend) -> dict[str, int]:
     tag = backend.layout.boot_tag
-    marker = f"ROLLOUTD_SANDBOX={tag}/".encode()
-    procs = 0
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/environ", "rb") as f:
-                    procs += marker in f.read()
-            except OSError:
-                pass
+    procs = _leaks.marked_processes(tag)
     procs += len(descendants(os.getpid()))
     with open("/proc/self/mountinfo") as f:
         mounts = sum(1 for _ in f)
     boxes = state_dir / "sandboxes"
     dirs = sum(1 for _ in boxes.rglob("*")) if boxes.exists() else 0
-    cgroups = sum(1 for base in backend.limits.boot_dirs() for _ in base.rglob(f"{tag}/*")
-                  if _.is_dir())
+    cgroups = _leaks.sandbox_cgroups(backend)
     return {"processes": procs, "fds": len(os.listdir("/proc/self/fd")), "mounts": mounts,
             "dirs": dirs, "cgroups": cgroups}
 

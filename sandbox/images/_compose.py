@@ -9,21 +9,9 @@ never written to); directories are made with the mode of the topmost layer that 
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 
-from ._unpack import LayerResult
-
-
-def _remove(path: str) -> None:
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
+from ._unpack import LayerResult, remove_entry
 
 
 def _inside(root: str, rel: str) -> str | None:
@@ -48,11 +36,11 @@ def compose(dest: str, layers: list[tuple[str, LayerResult]]) -> None:
             target = _inside(dest, rel) if rel else dest
             if target is not None and os.path.isdir(target) and not os.path.islink(target):
                 for entry in os.listdir(target):
-                    _remove(os.path.join(target, entry))
+                    remove_entry(os.path.join(target, entry))
         for rel in info.whiteouts:
             target = _inside(dest, rel)
             if target is not None:
-                _remove(target)
+                remove_entry(target)
         _merge(layer_dir, dest)
 
 
@@ -66,7 +54,7 @@ def _merge(src_root: str, dest_root: str) -> None:
             out = os.path.join(out_top, name)
             st = os.lstat(src)
             if stat.S_ISLNK(st.st_mode):  # os.walk lists symlinks to dirs as dirs
-                _remove(out)
+                remove_entry(out)
                 os.link(src, out, follow_symlinks=False)
                 continue
             try:
@@ -78,7 +66,7 @@ def _merge(src_root: str, dest_root: str) -> None:
             dir_modes.append((out, stat.S_IMODE(st.st_mode), st.st_mtime_ns))
         for name in filenames:
             out = os.path.join(out_top, name)
-            _remove(out)
+            remove_entry(out)
             os.link(os.path.join(top, name), out, follow_symlinks=False)
     for out, mode, mtime_ns in reversed(dir_modes):
         os.chmod(out, mode)

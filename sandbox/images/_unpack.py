@@ -215,6 +215,20 @@ class _Prefixed:
         return self.raw.read(n)
 
 
+def remove_entry(path: str) -> bool:
+    """Remove what is at ``path`` (a whole tree for a dir; a link, not its target):
+    whether it was a directory (False when nothing was there)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(path)
+        return True
+    os.unlink(path)
+    return False
+
+
 def clean_name(name: str) -> str | None:
     """``name`` relative and normalised, or None when it climbs out (``..``) or is empty."""
     parts = [p for p in name.split("/") if p not in ("", ".")]
@@ -250,16 +264,9 @@ def _untar(reader: _HashingReader, dest: str, fed: Callable[[], int],
         return True
 
     def make_room(path: str, rel: str) -> None:
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            return
-        if stat.S_ISDIR(st.st_mode):
-            shutil.rmtree(path)
+        if remove_entry(path):
             prefix = rel + "/"
             dirs_ok.difference_update([d for d in dirs_ok if d == rel or d.startswith(prefix)])
-        else:
-            os.unlink(path)
         files.discard(rel)
 
     with tarfile.open(fileobj=reader, mode="r|", bufsize=_CHUNK) as tar:  # type: ignore[call-overload]
