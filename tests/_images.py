@@ -7,7 +7,8 @@ directory; CI may keep ``~/.cache`` between runs):
 - ``debian``: a Debian bookworm rootfs (mmdebstrap, variant apt, with python3, pytest, git,
   ca-certificates; from the mirror apt is configured with, read at run time) as an OCI layout,
   a docker-archive tarball (skopeo) and a SIF (mksquashfs + siftool; no Apptainer).
-- ``busybox``: a no-Python image (static busybox and its applet links in /bin) as an OCI
+- ``busybox``: a no-Python, no-glibc image (static busybox and its applet links in /bin,
+  and musl as its libc: /lib/ld-musl-x86_64.so.1 from Debian's ``musl`` package) as an OCI
   layout with WorkingDir /work.
 - ``layered``: a 3-layer OCI layout from the busybox rootfs: layer 1 the busybox rootfs
   (``umoci insert``), layer 2 a /data tree (``umoci insert``), layer 3 a layer tar written
@@ -48,7 +49,7 @@ from pathlib import Path
 log = logging.getLogger("rolloutd.test_images")
 
 #: Bump on any change of a recipe below (the cache directory is named after it).
-VERSION = "v2"
+VERSION = "v3"
 TAG = "test"
 DEBIAN_SUITE = "bookworm"
 # python3-ipykernel: the ipython tool runs the image's own kernel
@@ -385,6 +386,23 @@ def busybox_binary(tmp: Path) -> Path:
     raise ImageBuildError("busybox-static package holds no busybox binary")
 
 
+def install_musl(rootfs: Path, scratch: Path) -> None:
+    """musl as the image's libc (Debian's ``musl`` package; its libc.so is also its dynamic
+    loader, and run as a program it prints its version)."""
+    require_tools("apt-get", "dpkg-deb")
+    run(["apt-get", "download", "musl"], cwd=scratch)
+    debs = sorted(scratch.glob("musl_*.deb"))
+    if not debs:
+        raise ImageBuildError("apt-get download musl left no .deb")
+    run(["dpkg-deb", "-x", debs[-1], scratch / "musl"])
+    libc = scratch / "musl/lib/x86_64-linux-musl/libc.so"
+    if not libc.is_file():
+        raise ImageBuildError("the musl package holds no lib/x86_64-linux-musl/libc.so")
+    (rootfs / "lib/x86_64-linux-musl").mkdir(parents=True)
+    shutil.copy2(libc, rootfs / "lib/x86_64-linux-musl/libc.so")
+    os.symlink("x86_64-linux-musl/libc.so", rootfs / "lib/ld-musl-x86_64.so.1")
+
+
 def make_busybox_rootfs(rootfs: Path, scratch: Path) -> None:
     for d in ("bin", "etc", "root", "work", "usr/bin", "dev", "proc", "sys"):
         (rootfs / d).mkdir(parents=True, exist_ok=True)
@@ -397,6 +415,7 @@ def make_busybox_rootfs(rootfs: Path, scratch: Path) -> None:
     for name in applets:
         if name != "busybox" and not (rootfs / "bin" / name).exists():
             os.symlink("busybox", rootfs / "bin" / name)
+    install_musl(rootfs, scratch)
     (rootfs / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
     (rootfs / "etc/group").write_text("root:x:0:\n")
     (rootfs / MARKER).write_text("busybox\n")

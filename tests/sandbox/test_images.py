@@ -41,11 +41,17 @@ async def test_the_sandbox_sees_the_images_files(image_bwrap, test_images, which
         assert sb.limits["overlay"] in ("tmpfs-size", "memory-limit")
 
 
-async def test_helper_runs_in_an_image_without_python(image_bwrap, test_images):
+async def test_helper_runs_in_an_image_without_python_or_glibc(image_bwrap, test_images):
     async with image_bwrap.open(SandboxSpec(image=refs(test_images)["busybox"])) as sb:
         r = await sb.run(["sh", "-c", "ls /usr/bin/python3 /usr/lib/python3* 2>&1; echo $PATH"],
                          timeout_s=10)
         assert b"No such file" in r.stdout and r.stdout.endswith(b"/bin:/usr/bin\n")
+        # the image's libc is musl; it has no glibc loader (the helper brought its own)
+        r = await sb.run(["/lib/ld-musl-x86_64.so.1"], timeout_s=10)
+        assert b"musl libc" in r.stdout + r.stderr, r
+        r = await sb.run(["ls", "/lib64/ld-linux-x86-64.so.2", "/lib/x86_64-linux-gnu"],
+                         timeout_s=10)
+        assert r.exit_code != 0 and r.stdout == b"", r
         await sb.write_file("/work/hello.txt", b"hi\n")  # file ops go through the helper
         assert (await sb.run(["cat", "/work/hello.txt"], timeout_s=10)).stdout == b"hi\n"
         assert await sb.read_file("/work/hello.txt") == b"hi\n"
