@@ -170,7 +170,7 @@ class ApptainerBackend(Backend):
 
     def _command(self, spec: SandboxSpec | None, handle: Handle, helper: list[str]) -> list[str]:
         assert spec is not None  # not parkable
-        return exec_argv(self.exe, handle.extra["instance"], spec.workdir, helper)
+        return exec_argv(self.exe, handle.extra["instance"], self._workdir(spec, handle), helper)
 
     async def _finish(self, handle: Handle) -> None:
         name = handle.extra.pop("instance", None)

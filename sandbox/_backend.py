@@ -129,7 +129,8 @@ class Backend:
         return b""
 
     def _workdir(self, spec: SandboxSpec, handle: Handle) -> str:
-        return spec.workdir
+        """Where the helper and its processes start (relative paths resolve there)."""
+        return spec.cwd or spec.workdir
 
     def _env(self, spec: SandboxSpec, handle: Handle) -> dict[str, str]:
         """The environment the helper gives every process of the sandbox."""
@@ -137,7 +138,8 @@ class Backend:
         return self.sandbox_env(spec, tmp, tmp)
 
     def _roots(self, spec: SandboxSpec, handle: Handle) -> list[str]:
-        return [self._workdir(spec, handle), "/tmp", *(b.dest for b in spec.binds)]
+        start = self._workdir(spec, handle)
+        return list(dict.fromkeys([start, spec.workdir, "/tmp", *(b.dest for b in spec.binds)]))
 
     def _parent_death(self) -> bool:
         return False

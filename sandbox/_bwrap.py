@@ -162,19 +162,15 @@ class BwrapBackend(Backend):
             self.image_store().release(image)
 
     def _workdir(self, spec: SandboxSpec, handle: Handle) -> str:
-        # The image's WorkingDir, unless the spec names one; "/" (what many images set
-        # for "none") keeps the workspace.
+        # The spec's cwd; else the image's WorkingDir, unless the spec names a workdir; "/"
+        # (what many images set for "none") keeps the workspace.
         image: Image | None = handle.extra.get("image")
+        if spec.cwd is not None:
+            return spec.cwd
         if image is not None and image.config.workdir not in (None, "", "/") \
                 and "workdir" not in spec.model_fields_set:
             return str(image.config.workdir)
         return spec.workdir
-
-    def _roots(self, spec: SandboxSpec, handle: Handle) -> list[str]:
-        # the file roots are the same with an image (its workdir, the workspace, /tmp and
-        # the binds): file operations reach no further than over the host's root
-        roots = super()._roots(spec, handle)
-        return roots if spec.workdir in roots else [*roots, spec.workdir]
 
     def _env(self, spec: SandboxSpec, handle: Handle) -> dict[str, str]:
         image: Image | None = handle.extra.get("image")

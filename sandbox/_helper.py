@@ -709,6 +709,16 @@ class Helper:
     def op_ping(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
         return {"pid": os.getpid(), "python": sys.version.split()[0]}, b"", ()
 
+    def op_setenv(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
+        """Change the environment every later process starts with (an activated env)."""
+        for name in req.get("unset") or ():
+            self.env.pop(str(name), None)
+        for name, value in (req.get("set") or {}).items():
+            if "=" in str(name) or "\0" in str(name) + str(value):
+                raise Refused("BadRequest", f"bad environment variable {name!r}")
+            self.env[str(name)] = str(value)
+        return {}, b"", ()
+
     def op_spawn(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
         argv = [str(a) for a in req["argv"]]
         if not argv:
@@ -914,6 +924,10 @@ class Helper:
 
     def op_shutdown(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
         self.stopping = True
+        self.kill_all()
+        return {}, b"", ()
+
+    def op_kill_all(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
         self.kill_all()
         return {}, b"", ()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 BackendName = Literal["bwrap", "apptainer", "local"]
 FileType = Literal["file", "dir", "symlink", "other"]
@@ -42,13 +42,19 @@ class SandboxSpec(BaseModel, extra="forbid"):
     env: dict[str, str] = {}
     binds: list[Bind] = []
     workdir: str = "/workspace"  # where the workspace appears inside the sandbox
+    #: where processes start and relative paths resolve, in a sandbox with its own root
+    #: (bwrap, apptainer): e.g. an image's repository. None: the image's WorkingDir, else
+    #: ``workdir``. The local backend always uses its workspace.
+    cwd: str | None = None
     python: str | None = None  # interpreter to use inside (default: a real host python)
 
-    @field_validator("workdir")
+    @field_validator("workdir", "cwd")
     @classmethod
-    def _workdir(cls, value: str) -> str:
-        if not value.startswith("/") or value == "/" or "\0" in value:
-            raise ValueError(f"workdir must be an absolute path other than '/': {value!r}")
+    def _workdir(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None and info.field_name == "cwd":
+            return None
+        if value is None or not value.startswith("/") or value == "/" or "\0" in value:
+            raise ValueError(f"{info.field_name} must be an absolute path other than '/': {value!r}")
         return value.rstrip("/")
 
 

@@ -151,6 +151,16 @@ class Sandbox:
                          truncated=bool(reply["truncated"]), timed_out=bool(reply["timed_out"]),
                          duration_s=time.monotonic() - started)
 
+    async def set_env(self, set: Mapping[str, str], unset: Sequence[str] = ()) -> None:
+        """Change the environment every process started after this gets (e.g. a task's
+        activated conda env); per-call ``env`` still goes over it."""
+        await self._call("setenv", {"set": dict(set), "unset": list(unset)})
+
+    async def kill_all(self) -> None:
+        """SIGKILL every process of the sandbox but its helper (what shutdown ends): e.g.
+        whatever an agent left running, before its work is judged in the same sandbox."""
+        await self._call("kill_all")
+
     async def signal(self, pid: int, sig: int, *, group: bool = True) -> None:
         """Signal a process of this sandbox (or its group; see SandboxProcess.signal)."""
         await self._call("signal", {"pid": pid, "sig": int(sig), "group": group})

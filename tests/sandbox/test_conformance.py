@@ -10,7 +10,7 @@ import signal
 import pytest
 import trio
 
-from rolloutd.sandbox import PathEscapeError, SandboxClosed, SandboxSpec
+from rolloutd.sandbox import PathEscapeError, SandboxClosed, SandboxError, SandboxSpec
 
 from .conftest import marked_pids
 
@@ -93,6 +93,35 @@ async def _check_clean_starts(sb, probe):
             await sb.run(["no-such-program"], timeout_s=10, cwd=cwd)
         with pytest.raises(PermissionError):
             await sb.run([f"{sb.workdir}/sub/script"], timeout_s=10, cwd=cwd)
+
+
+async def test_set_env_reaches_later_processes(backend, base_spec):
+    async with backend.open(base_spec) as sb:
+        await sb.set_env({"ACTIVATED": "yes", "PATH": "/opt/env/bin:/usr/bin:/bin"}, unset=["LANG"])
+        r = await sb.run(["sh", "-c", 'echo "$ACTIVATED|$PATH|${LANG-unset}|$ROLLOUTD_X"'],
+                         timeout_s=10, env={"ROLLOUTD_X": "call"})
+        assert r.stdout == b"yes|/opt/env/bin:/usr/bin:/bin|unset|call\n", r
+        proc = await sb.spawn(["sh", "-c", 'test "$ACTIVATED" = yes'])
+        assert await proc.wait() == 0
+        with pytest.raises(SandboxError, match="bad environment variable"):
+            await sb.set_env({"A=B": "x"})
+
+
+async def test_kill_all_ends_every_process_but_the_helper(backend, base_spec, leak_check):
+    async with backend.open(base_spec) as sb:
+        beat = "while :; do date +%s%N > beat; sleep 0.05; done"
+        # a spawned shell leaves a loop in a session of its own, as an agent's shell can
+        shell = await sb.spawn(["sh", "-c", f"setsid sh -c '{beat}' </dev/null >/dev/null 2>&1 & "
+                                "exec sleep 300"])
+        await trio.sleep(0.3)
+        await sb.kill_all()
+        with trio.fail_after(10):
+            assert await shell.wait() != 0
+        await shell.aclose()
+        last = await sb.read_file("beat")
+        await trio.sleep(0.3)
+        assert await sb.read_file("beat") == last  # the detached loop is gone too
+        assert (await sb.run(["true"], timeout_s=10)).exit_code == 0  # the sandbox goes on
 
 
 async def test_run_timeout_kills_the_whole_tree(backend, base_spec, leak_check):

@@ -41,6 +41,18 @@ async def test_the_sandbox_sees_the_images_files(image_bwrap, test_images, which
         assert sb.limits["overlay"] in ("tmpfs-size", "memory-limit")
 
 
+async def test_cwd_starts_processes_in_the_image_and_is_a_file_root(image_bwrap, test_images):
+    spec = SandboxSpec(image=refs(test_images)["debian-oci"], cwd="/usr/share")
+    async with image_bwrap.open(spec) as sb:
+        assert sb.workdir == "/usr/share"
+        r = await sb.run(["pwd"], timeout_s=10)
+        assert r.stdout == b"/usr/share\n", r
+        await sb.write_file("added.txt", b"in the overlay")  # relative: under cwd
+        assert await sb.read_file("/usr/share/added.txt") == b"in the overlay"
+        await sb.write_file("/workspace/w.txt", b"w")  # the workspace stays a root
+        assert (await sb.run(["cat", "/workspace/w.txt"], timeout_s=10)).stdout == b"w"
+
+
 async def test_helper_runs_in_an_image_without_python_or_glibc(image_bwrap, test_images):
     async with image_bwrap.open(SandboxSpec(image=refs(test_images)["busybox"])) as sb:
         r = await sb.run(["sh", "-c", "ls /usr/bin/python3 /usr/lib/python3* 2>&1; echo $PATH"],
