@@ -21,7 +21,7 @@ import trio
 
 from rolloutd.daemon.errors import DaemonError
 from rolloutd.daemon.jobs import Job, JobQueue, StageStats
-from rolloutd.daemon.tasks.base import EvalContext
+from rolloutd.daemon.tasks.base import EvalContext, TaskFailure
 from rolloutd.daemon.trajectory import ErrorInfo, Stage, Status
 
 if TYPE_CHECKING:
@@ -200,7 +200,11 @@ class Pipeline:
             log.warning("job %s failed in %s: %r", job.id, stage.value, exc,
                         exc_info=log.isEnabledFor(logging.DEBUG),
                         extra=_ids(job, stage=stage.value, error_type=type(exc).__name__))
-            outcome = (Status.failed, type(exc).__name__, str(exc) or repr(exc))
+            etype = type(exc).__name__
+            if isinstance(exc, TaskFailure):  # the handler names it and keeps what it found
+                etype = exc.error_type
+                job.trajectory.reward_info = dict(exc.info)
+            outcome = (Status.failed, etype, str(exc) or repr(exc))
         finally:
             job.budget.pause()
             job.stage_scope = None

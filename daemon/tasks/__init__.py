@@ -5,6 +5,7 @@ Public API (a plug-in kind subclasses TaskHandler; see docs/tasks.md)::
     TaskHandler, Prompt, Reward, EvalContext      a kind's contract
     TaskRegistry, ENTRY_POINT_GROUP               the kinds a daemon knows (built-in + plug-ins)
     TaskError, TaskFileError                      a malformed task or task file
+    TaskFailure                                   a stage failed, not the model (failed, unusable)
     load_tasks, parse_tasks                       JSONL task files
     model_kind, describe_errors                   helpers for a kind's pydantic model
 
@@ -16,6 +17,7 @@ from rolloutd.daemon.tasks.base import (
     Prompt,
     Reward,
     TaskError,
+    TaskFailure,
     TaskHandler,
     describe_errors,
     model_kind,
@@ -29,6 +31,7 @@ __all__ = [
     "Prompt",
     "Reward",
     "TaskError",
+    "TaskFailure",
     "TaskFileError",
     "TaskHandler",
     "TaskRegistry",

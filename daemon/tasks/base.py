@@ -23,6 +23,18 @@ class TaskError(DaemonError):
     """A task is malformed; the message names the field. The API answers 422."""
 
 
+class TaskFailure(DaemonError):
+    """A stage could not do its work for a reason that is not the model's (a test patch that
+    does not apply to the instance, an eval script that never reaches its tests, listed tests
+    the log parser cannot find). The rollout is ``failed`` and not usable, never reward 0:
+    ``error.type`` is :attr:`error_type` and ``reward_info`` keeps :attr:`info`."""
+
+    def __init__(self, error_type: str, message: str, info: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+        self.info = dict(info or {})
+
+
 @dataclass
 class Prompt:
     """The first messages of a rollout and the names of the tools offered to the model."""
