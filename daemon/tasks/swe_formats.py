@@ -313,7 +313,7 @@ def _r2e_eval_script(repo_dir: str, expected: dict[str, Any]) -> str:
     return "\n".join([
         "#!/bin/bash",
         "set -uo pipefail",
-        f"cd {q(repo_dir)}",
+        f"cd {q(repo_dir)} || exit 1",
         "[ -e r2e_tests ] || ln -s /r2e_tests r2e_tests",
         f"cat > /tmp/r2e_expected.json <<'{delim}'", data, delim,
         f"cat > /tmp/r2e_grade.py <<'R2E_GRADER'{_R2E_GRADER}R2E_GRADER",

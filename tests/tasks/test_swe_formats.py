@@ -189,11 +189,13 @@ def test_r2e_eval_script_grades_like_r2e_gym(tmp_path, fixed):
     run_tests.write_text(f"test -L r2e_tests || exit 3\ncat {tmp_path}/summary.txt\n")
     run_tests.chmod(run_tests.stat().st_mode | stat.S_IXUSR)
     task = convert_valid(dict(row, repo_dir=str(repo)))
-    script = (task["eval_script"].replace("/tmp/", f"{tmp_path}/")
+    assert f"cd '{repo}' || exit 1" in task["eval_script"]
+    script = (task["eval_script"].replace("/tmp/r2e_", f"{tmp_path}/r2e_")
               .replace("/run_tests.sh", str(run_tests))
               .replace("/r2e_tests", str(tmp_path / "r2e_tests")))
     res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
+    assert (repo / "r2e_tests").is_symlink()  # linked in as R2E-Gym's runtime does
     lines = res.stdout.splitlines()
     assert "short test summary info" in res.stdout  # the test output is shown
     if fixed:
