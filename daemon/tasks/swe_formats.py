@@ -318,11 +318,11 @@ def _r2e_eval_script(repo_dir: str, expected: dict[str, Any]) -> str:
         f"cat > /tmp/r2e_expected.json <<'{delim}'", data, delim,
         f"cat > /tmp/r2e_grade.py <<'R2E_GRADER'{_R2E_GRADER}R2E_GRADER",
         "PY=python3; [ -x .venv/bin/python ] && PY=.venv/bin/python",
-        ": '>>>>> Start Test Output'",
+        "echo '>>>>> Start Test Output'",
         "bash /run_tests.sh > /tmp/r2e_test_output.txt 2>&1",
         "cat /tmp/r2e_test_output.txt",
         f"\"$PY\" /tmp/r2e_grade.py /tmp/r2e_expected.json {R2E_TEST_ID} < /tmp/r2e_test_output.txt",
-        ": '>>>>> End Test Output'",
+        "echo '>>>>> End Test Output'",
         "",
     ])
 

@@ -197,11 +197,12 @@ def test_r2e_eval_script_grades_like_r2e_gym(tmp_path, fixed):
     assert res.returncode == 0, res.stderr
     assert (repo / "r2e_tests").is_symlink()  # linked in as R2E-Gym's runtime does
     lines = res.stdout.splitlines()
+    assert lines[0] == ">>>>> Start Test Output" and lines[-1] == ">>>>> End Test Output"
     assert "short test summary info" in res.stdout  # the test output is shown
     if fixed:
-        assert lines[-1] == f"PASSED {R2E_TEST_ID}"
+        assert lines[-2] == f"PASSED {R2E_TEST_ID}"
     else:
-        assert lines[-1] == f"FAILED {R2E_TEST_ID}"
+        assert lines[-2] == f"FAILED {R2E_TEST_ID}"
         assert ("r2e: TestPandasContainer.test_date_format_raises: expected FAILED, got PASSED"
                 in lines)
 
