@@ -90,6 +90,8 @@ def _parser() -> argparse.ArgumentParser:
     for p in (pull, imp, ls, rm, gc):
         _add_client_args(p)
 
+    from rolloutd.daemon.tasks.swe_formats import FORMATS
+
     tasks = sub.add_parser("tasks", help="task files: convert published SWE datasets")
     tsub = tasks.add_subparsers(dest="tasks_command", required=True)
     conv = tsub.add_parser("convert", help="a SWE-bench/SWE-Gym/SWE-smith/R2E-Gym/SWE-rebench "
@@ -97,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     conv.add_argument("input", type=Path, metavar="IN", help=".jsonl/.json (JSON lines) or .parquet")
     conv.add_argument("-o", "--out", type=Path, default=None, help="task file (default stdout)")
     conv.add_argument("--format", default="auto", dest="fmt",
-                      choices=["auto", "swebench", "swe-gym", "swe-smith", "r2e-gym", "swe-rebench"])
+                      choices=["auto", *FORMATS], help="the rows' format (default: from their fields)")
     conv.add_argument("--image-template", default=None, metavar="T",
                       help="image per instance, e.g. 'oci:/images/{id_docker}:latest' (fields: "
                            "{instance_id} {id_docker} {repo} {org} {name} {version})")
