@@ -1,4 +1,4 @@
-"""The ``rolloutd`` command: serve | status | submit | images | demo | model-server."""
+"""The ``rolloutd`` command: serve | status | submit | images | tasks | demo | model-server."""
 
 from __future__ import annotations
 
@@ -89,6 +89,22 @@ def _parser() -> argparse.ArgumentParser:
                     help="the size to fit (default: the daemon's image_cache_max_gb)")
     for p in (pull, imp, ls, rm, gc):
         _add_client_args(p)
+
+    from rolloutd.daemon.tasks.swe_formats import FORMATS
+
+    tasks = sub.add_parser("tasks", help="task files: convert published SWE datasets")
+    tsub = tasks.add_subparsers(dest="tasks_command", required=True)
+    conv = tsub.add_parser("convert", help="a SWE-bench/SWE-Gym/SWE-smith/R2E-Gym/SWE-rebench "
+                           "export (JSONL or Parquet) -> a swe task file")
+    conv.add_argument("input", type=Path, metavar="IN", help=".jsonl/.json (JSON lines) or .parquet")
+    conv.add_argument("-o", "--out", type=Path, default=None, help="task file (default stdout)")
+    conv.add_argument("--format", default="auto", dest="fmt",
+                      choices=["auto", *FORMATS], help="the rows' format (default: from their fields)")
+    conv.add_argument("--image-template", default=None, metavar="T",
+                      help="image per instance, e.g. 'oci:/images/{id_docker}:latest' (fields: "
+                           "{instance_id} {id_docker} {repo} {org} {name} {version})")
+    conv.add_argument("--limit", type=int, default=None, metavar="N", help="convert the first N rows")
+    conv.add_argument("--strict", action="store_true", help="exit 1 if any row was skipped")
 
     demo = sub.add_parser("demo", help="run a real rollout demo on the embedded default")
     demo.add_argument("--out", type=Path, default=Path("trajectories.jsonl"))
@@ -215,6 +231,16 @@ def cmd_images(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tasks(args: argparse.Namespace) -> int:
+    from rolloutd.daemon.tasks.convert import ConvertError, run_convert
+
+    try:
+        return run_convert(args.input, out=args.out, fmt=args.fmt, image_template=args.image_template,
+                           limit=args.limit, strict=args.strict)
+    except ConvertError as exc:
+        raise CliError(str(exc)) from None
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from rolloutd.daemon.demo import main as demo_main
 
@@ -237,6 +263,7 @@ COMMANDS = {
     "status": cmd_status,
     "submit": cmd_submit,
     "images": cmd_images,
+    "tasks": cmd_tasks,
     "demo": cmd_demo,
     "model-server": cmd_model_server,
 }
