@@ -67,7 +67,6 @@ def test_problem_statement_does_not_give_the_fix(row):
     assert "diff --git" not in row["problem_statement"]
 
 
-@pytest.mark.slow
 def test_every_base_commit_replays_from_the_sdists(tmp_path):
     for name, rows in BY_PROJECT.items():
         shas = gen.replay(gen.PROJECTS[name], rows, tmp_path / name)
@@ -86,7 +85,6 @@ def test_first_instance_facts_hold_under_the_real_runner(project, tmp_path):
     assert gen.validate(gen.PROJECTS[project], repo, row) == []
 
 
-@pytest.mark.slow
 def test_toolz_needs_its_untracked_version_file(tmp_path):
     """The artefact: toolz/_version.py is ignored by git, so a clone cannot import toolz."""
     repo = tmp_path / "toolz"
