@@ -109,6 +109,8 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run a real rollout demo on the embedded default")
     demo.add_argument("--out", type=Path, default=Path("trajectories.jsonl"))
     demo.add_argument("--state-dir", type=Path, default=None)
+    demo.add_argument("--swe", action="store_true",
+                      help="SWE-set instances (examples/swe_set) in their own images, real evaluation")
 
     from rolloutd.daemon.llm.model_server import add_arguments
 
@@ -244,7 +246,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from rolloutd.daemon.demo import main as demo_main
 
-    return demo_main(out=args.out, state_dir=args.state_dir)
+    return demo_main(out=args.out, state_dir=args.state_dir, swe=args.swe)
 
 
 def cmd_model_server(args: argparse.Namespace) -> int:

@@ -96,6 +96,11 @@ class Settings(BaseModel):
     image_cache_dir: Path | None = None  # the image store (default <cache_dir>/images)
     image_cache_max_gb: float | None = Field(None, gt=0, le=1e9)  # GC bound of the store (None: none)
 
+    # --- tasks ---
+    #: who grades swe eval logs: the swebench package when importable (auto), rolloutd's
+    #: built-in equivalents, or swebench (required)
+    swe_grader: Literal["auto", "builtin", "swebench"] = "auto"
+
     # --- LLM ---
     embedded_model: bool = False
     backends: list[dict[str, Any]] = Field(default_factory=list)

@@ -54,8 +54,12 @@ LIMITS: dict[str, dict[str, int]] = {
     "code": {"max_turns": 2, "max_tokens_per_turn": 80},
     "swe": {"max_turns": 2, "max_tokens_per_turn": 80},
 }
+#: ``--swe``: this many instances of the SWE set (examples/swe_set), one per project.
+SWE_SET_INSTANCES = 4
+SWE_SET_LIMITS = {"max_turns": 4, "max_tokens_per_turn": 160}
 SAMPLING = {"temperature": 0.7, "top_p": 0.95, "seed": 1}
 TIMEOUT_S = 150.0
+SWE_TIMEOUT_S = 400.0
 POLL_S = 0.5
 
 log = logging.getLogger(__name__)
@@ -155,10 +159,39 @@ def note(t: Trajectory) -> str:
     return str(info or t.finish_reason or "")
 
 
+def swe_set_module() -> Any:
+    """examples/swe_set/build.py of this checkout (the SWE set's images and instances)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "swe_set" / "build.py"
+    if not path.is_file():
+        raise RolloutdError(f"--swe needs a rolloutd checkout: {path} is missing")
+    spec = importlib.util.spec_from_file_location("rolloutd_swe_set_build", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def swe_set_tasks(console: Console, n: int = SWE_SET_INSTANCES) -> list[dict[str, Any]]:
+    """The first instance of each of ``n`` projects of the SWE set, images built (cached)."""
+    build = swe_set_module()
+    console.print("[dim]Building the SWE set's images (cached after the first time, "
+                  "a few minutes then)...[/dim]")
+    rows = build.load_instances()
+    picked: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        picked.setdefault(row["repo"], row)
+    hidden = ("patch", "wrong_patch")  # the known fix and the wrong one stay hidden
+    return [{k: v for k, v in row.items() if k not in hidden} for row in list(picked.values())[:n]]
+
+
 async def _drive(client: AsyncClient, node: Node, rows: list[Row], console: Console) -> None:
     for r in rows:
-        sub = await client.submit(r.task, n=1, sampling=SAMPLING, limits=LIMITS[r.task["kind"]],
-                                  timeout_s=TIMEOUT_S)
+        swe_set = r.task.get("image") is not None
+        sub = await client.submit(r.task, n=1, sampling=SAMPLING,
+                                  limits=SWE_SET_LIMITS if swe_set else LIMITS[r.task["kind"]],
+                                  timeout_s=SWE_TIMEOUT_S if swe_set else TIMEOUT_S)
         r.rollout_id = sub.ids[0]
         r.started = time.monotonic()
     with Live(progress_table(rows), console=console, refresh_per_second=4, transient=False) as live:
@@ -174,14 +207,20 @@ async def _drive(client: AsyncClient, node: Node, rows: list[Row], console: Cons
 
 
 async def run_demo(out: Path, state_dir: Path, console: Console, *,
-                   policy: list[str] | None = None) -> int:
+                   policy: list[str] | None = None, swe: bool = False) -> int:
     from rolloutd.daemon.tasks.swe_examples import make_swe_repos
 
     backend = choose_sandbox_backend(state_dir, console)
-    swe = await trio.to_thread.run_sync(make_swe_repos, state_dir / "swe-repos")
-    swe_task = next(t for t in swe if t["instance_id"] == SWE_INSTANCE)
-    swe_task = {k: v for k, v in swe_task.items() if k != "patch"}  # the known fix stays hidden
-    tasks: list[dict[str, Any]] = [*MATH_TASKS, *CODE_TASKS, {**swe_task, "tools": ["bash", "finish"]}]
+    tasks: list[dict[str, Any]]
+    if swe:
+        if backend != "bwrap":
+            raise RolloutdError("--swe runs each instance in its image: it needs bwrap")
+        tasks = await trio.to_thread.run_sync(swe_set_tasks, console)
+    else:
+        repos = await trio.to_thread.run_sync(make_swe_repos, state_dir / "swe-repos")
+        swe_task = next(t for t in repos if t["instance_id"] == SWE_INSTANCE)
+        swe_task = {k: v for k, v in swe_task.items() if k != "patch"}  # the known fix stays hidden
+        tasks = [*MATH_TASKS, *CODE_TASKS, {**swe_task, "tools": ["bash", "finish"]}]
 
     settings = Settings(
         host="127.0.0.1", port=0, state_dir=state_dir, sandbox_backend=backend,
@@ -228,9 +267,11 @@ async def run_demo(out: Path, state_dir: Path, console: Console, *,
 
 
 def main(out: Path = Path("trajectories.jsonl"), state_dir: Path | None = None, *,
-         policy: list[str] | None = None, console: Console | None = None) -> int:
+         policy: list[str] | None = None, console: Console | None = None,
+         swe: bool = False) -> int:
     """Run the demo; 0 when every rollout ran to a result. ``policy`` (scripted replies, a
-    TEST DOUBLE) replaces the model, for the test that exercises this code path."""
+    TEST DOUBLE) replaces the model, for the test that exercises this code path. ``swe``: a
+    few instances of the SWE set (examples/swe_set) in their images instead of the mix."""
     console = console or Console()
     handler = RichHandler(console=console, show_path=False, show_time=False)
     root = logging.getLogger()
@@ -241,7 +282,7 @@ def main(out: Path = Path("trajectories.jsonl"), state_dir: Path | None = None, 
     # A short path: sandbox socket paths must fit in 107 bytes.
     state = Path(tempfile.mkdtemp(prefix="rolloutd-demo-")) if state_dir is None else state_dir
     try:
-        return trio.run(lambda: run_demo(out, state, console, policy=policy))
+        return trio.run(lambda: run_demo(out, state, console, policy=policy, swe=swe))
     except RolloutdError as exc:
         console.print(f"[bold red]the demo daemon answered an error: {exc}[/bold red]")
         return 1

@@ -272,6 +272,7 @@ class Pipeline:
             sandbox=job.sandbox,
             open_sandbox=lambda spec: self._scoped_sandbox(spec, job),
             final_answer=job.final_answer,
+            options={"swe_grader": self.settings.swe_grader},
         )
         reward = await job.request.handler.evaluate(job.request.task, job.trajectory, ctx)
         job.trajectory.reward = float(reward.reward)

@@ -176,12 +176,7 @@ def _swebench_grade(log: str, *, parser: str, f2p: Sequence[str], p2p: Sequence[
 def grade(log: str, *, parser: str, f2p: Sequence[str], p2p: Sequence[str],
           eval_type: str = "pass_and_fail", instance_id: str = "", repo: str = "",
           version: str = "", use_swebench: bool | None = None) -> Grade:
-    """Grade ``log`` (blocking: run it in a thread). ``use_swebench``: None = as
-    ``ROLLOUTD_SWE_GRADER`` says (``auto``, the default: when importable; ``builtin``;
-    ``swebench``: required)."""
-    if use_swebench is None:
-        choice = os.environ.get("ROLLOUTD_SWE_GRADER", "auto")
-        use_swebench = {"builtin": False, "swebench": True}.get(choice)
+    """Grade ``log`` (blocking: run it in a thread). ``use_swebench``: None = when importable."""
     version_of = swebench_version() if use_swebench is not False else None
     if use_swebench and version_of is None:
         raise RuntimeError("the swebench package is not importable")

@@ -54,11 +54,13 @@ OpenSandbox = Callable[["SandboxSpec"], AbstractAsyncContextManager["Sandbox"]]
 
 @dataclass
 class EvalContext:
-    """What ``evaluate`` may use: the rollout's own sandbox (if any) and a way to open a fresh one."""
+    """What ``evaluate`` may use: the rollout's own sandbox (if any), a way to open a fresh
+    one, and the daemon's options for handlers (``swe_grader``)."""
 
     sandbox: Sandbox | None
     open_sandbox: OpenSandbox
     final_answer: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 class TaskHandler(ABC):

@@ -364,7 +364,8 @@ class SweTask(TaskHandler):
         result = await trio.to_thread.run_sync(functools.partial(
             grade, log, parser=spec.log_parser, f2p=task["FAIL_TO_PASS"], p2p=task["PASS_TO_PASS"],
             eval_type=spec.eval_type, instance_id=task["instance_id"], repo=task.get("repo") or "",
-            version=task.get("version") or ""))
+            version=task.get("version") or "",
+            use_swebench={"builtin": False, "swebench": True}.get(ctx.options.get("swe_grader", "auto"))))
         return self._judge(task, result, patch, log, info)
 
     async def _check_test_patch(self, sb: Sandbox, task: dict[str, Any], repo: str,

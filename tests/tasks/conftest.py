@@ -99,3 +99,31 @@ def swe_tasks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     from rolloutd.daemon.tasks.swe_examples import make_swe_repos
 
     return make_swe_repos(tmp_path_factory.mktemp("swe-repos"))
+
+
+@pytest.fixture(scope="session")
+def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("task-images")
+
+
+@pytest.fixture
+async def image_harness(nursery: trio.Nursery, short_tmp: Path, store_dir: Path) -> Harness:
+    settings = Settings(state_dir=short_tmp / "state", cache_dir=short_tmp / "cache", port=0,
+                        n_init=2, n_run=2, n_eval=2, queue_size=16, image_cache_dir=store_dir)
+    pool = BackendPool(health_interval_s=60.0, request_timeout_s=60.0)
+    await nursery.start(pool.run)
+    rend = await trio.to_thread.run_sync(renderer)
+
+    async def get_renderer():
+        return rend
+
+    services = Services(pool=pool, renderer=get_renderer)
+    node = Node(settings, services=services)
+    supervisor = SandboxSupervisor(default_backend="bwrap", state_dir=short_tmp / "sb",
+                                   boot_id="image-tasks", images=node.images.store)
+    await nursery.start(supervisor.run)
+    services.supervisor = supervisor
+    await nursery.start(node.images.run)
+    await nursery.start(node.pipeline.run)
+    node.ready = True
+    return Harness(node, supervisor, pool)

@@ -5,19 +5,11 @@ policy is the scripted test double."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import trio
 
-from rolloutd.daemon.config import Settings
-from rolloutd.daemon.llm.pool import BackendPool
-from rolloutd.daemon.node import Node
-from rolloutd.daemon.pipeline import Services
 from rolloutd.daemon.trajectory import Status
-from rolloutd.sandbox import SandboxSupervisor
 
-from .conftest import Harness, renderer, tool_call
+from .conftest import tool_call
 
 # The program checks it runs in the image, then does the task: in EVAL's sandbox too.
 IN_IMAGE = ("import pathlib\n"
@@ -29,34 +21,6 @@ def sum_task(image: str) -> dict:
     return {"kind": "code", "id": "sum-in-image", "image": image,
             "prompt": "Read two integers and print their sum.",
             "tests": [{"stdin": "1 2\n", "stdout": "3\n"}, {"stdin": "10 20\n", "stdout": "30\n"}]}
-
-
-@pytest.fixture(scope="session")
-def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("task-images")
-
-
-@pytest.fixture
-async def image_harness(nursery: trio.Nursery, short_tmp: Path, store_dir: Path) -> Harness:
-    settings = Settings(state_dir=short_tmp / "state", cache_dir=short_tmp / "cache", port=0,
-                        n_init=2, n_run=2, n_eval=2, queue_size=16, image_cache_dir=store_dir)
-    pool = BackendPool(health_interval_s=60.0, request_timeout_s=60.0)
-    await nursery.start(pool.run)
-    rend = await trio.to_thread.run_sync(renderer)
-
-    async def get_renderer():
-        return rend
-
-    services = Services(pool=pool, renderer=get_renderer)
-    node = Node(settings, services=services)
-    supervisor = SandboxSupervisor(default_backend="bwrap", state_dir=short_tmp / "sb",
-                                   boot_id="image-tasks", images=node.images.store)
-    await nursery.start(supervisor.run)
-    services.supervisor = supervisor
-    await nursery.start(node.images.run)
-    await nursery.start(node.pipeline.run)
-    node.ready = True
-    return Harness(node, supervisor, pool)
 
 
 async def test_code_task_runs_and_is_judged_in_its_image(image_harness, test_images):
