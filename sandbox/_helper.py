@@ -714,8 +714,10 @@ class Helper:
         for name in req.get("unset") or ():
             self.env.pop(str(name), None)
         for name, value in (req.get("set") or {}).items():
-            if "=" in str(name) or "\0" in str(name) + str(value):
+            if "=" in str(name) or "\0" in str(name) + str(value) or not name:
                 raise Refused("BadRequest", f"bad environment variable {name!r}")
+            if name in (self.marker_name, "ROLLOUTD_RUN"):  # the helper's own markers
+                raise Refused("BadRequest", f"{name} is the sandbox's own variable")
             self.env[str(name)] = str(value)
         return {}, b"", ()
 

@@ -105,6 +105,8 @@ async def test_set_env_reaches_later_processes(backend, base_spec):
         assert await proc.wait() == 0
         with pytest.raises(SandboxError, match="bad environment variable"):
             await sb.set_env({"A=B": "x"})
+        with pytest.raises(SandboxError, match="the sandbox's own variable"):
+            await sb.set_env({"ROLLOUTD_RUN": "1.1"})  # it marks what each run leaves behind
 
 
 async def test_kill_all_ends_every_process_but_the_helper(backend, base_spec, leak_check):
