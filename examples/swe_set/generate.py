@@ -22,11 +22,13 @@ Nothing is downloaded; the only inputs are the sdists.
 from __future__ import annotations
 
 import ast
+import atexit
 import itertools
 import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -54,6 +56,10 @@ PYTEST_CMD = "python3 -m pytest -rA -p no:cacheprovider"
 UNITTEST_CMD = "python3 -m unittest -v"
 MIN_F2P, MAX_F2P, MAX_P2P = 1, 5, 50
 RUN_TIMEOUT = 120
+#: Optional test dependencies a host venv may have and the images' python3 has not: hidden
+#: from the test runs (importing them raises ImportError), so the tests that need them skip
+#: here as they do in the image and are never PASS_TO_PASS.
+HIDDEN_MODULES = ("numpy", "pandas", "wcwidth")
 
 
 @dataclass(frozen=True)
@@ -326,13 +332,27 @@ def targets_for(project: Project, test_files: Iterable[str]) -> list[str]:
     return [f.removesuffix(".py").replace("/", ".") for f in test_files]
 
 
+def hidden_modules_dir() -> Path:
+    """A directory of stubs that shadow HIDDEN_MODULES (made once per process)."""
+    global _HIDDEN_DIR
+    if _HIDDEN_DIR is None:
+        _HIDDEN_DIR = Path(tempfile.mkdtemp(prefix="swe-set-hidden-"))
+        atexit.register(shutil.rmtree, _HIDDEN_DIR, True)
+        for name in HIDDEN_MODULES:
+            (_HIDDEN_DIR / f"{name}.py").write_text(
+                f"raise ImportError('{name} is hidden: the images have no {name}')\n")
+    return _HIDDEN_DIR
+
+
+_HIDDEN_DIR: Path | None = None
+
+
 def run_tests(project: Project, repo: Path, targets: Iterable[str]) -> tuple[dict[str, str], str]:
     """Run the project's tests in ``repo``; (test id -> status by the official parser, log)."""
     from swebench.harness.log_parsers import PARSER_REGISTRY
 
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-           "COLUMNS": "200"}
-    env.pop("PYTHONPATH", None)
+           "COLUMNS": "200", "PYTHONPATH": str(hidden_modules_dir())}
     try:
         proc = subprocess.run(host_command(project, targets), cwd=repo, capture_output=True,
                               text=True, env=env, timeout=RUN_TIMEOUT, check=False)
@@ -430,8 +450,19 @@ def remove_tests(source: str, refs: list[TestRef]) -> str | None:
 # ---------------------------------------------------------------------------- problem text
 
 
+def stable(text: str) -> str:
+    """``text`` without memory addresses (``0x7f..``, also where pytest cut a repr short),
+    so that the same run always gives the same problem statement."""
+    text = re.sub(r"0x[0-9a-f]+", "0x...", text)
+    return re.sub(r"\.\.\.[0-9a-f]{4,}>", "...>", text)
+
+
 def first_error(project: Project, log: str, test_id: str) -> str:
-    """The first line of a failing test's error as the log shows it."""
+    """The first line of a failing test's error as the log shows it (addresses removed)."""
+    return stable(_first_error(project, log, test_id))
+
+
+def _first_error(project: Project, log: str, test_id: str) -> str:
     if project.runner == "pytest":
         name = test_id.split("::", 1)[1].replace("::", ".")
         m = re.search(rf"^_+ {re.escape(name)} _+$(.*?)(?=^_{{3,}} |^=+ )", log, re.M | re.S)

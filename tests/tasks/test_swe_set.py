@@ -65,6 +65,7 @@ def test_problem_statement_does_not_give_the_fix(row):
     for line in changed:
         assert line.strip() not in row["problem_statement"]
     assert "diff --git" not in row["problem_statement"]
+    assert not re.search(r"0x[0-9a-f]{4,}", row["problem_statement"])  # reproducible text
 
 
 def test_every_base_commit_replays_from_the_sdists(tmp_path):
