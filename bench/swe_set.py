@@ -30,9 +30,6 @@ harness_agreement=F eval_p50_s=F
 from __future__ import annotations
 
 import argparse
-import base64
-import importlib.util
-import shlex
 import statistics
 import sys
 import tempfile
@@ -48,32 +45,12 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from rolloutd.daemon.demo import swe_set_module  # noqa: E402
 from rolloutd.daemon.tasks._swe_grading import grade, swebench_version  # noqa: E402
 from tests.hostile._daemon import Daemon, ModelServer, tool_call  # noqa: E402
 
-VARIANTS = ("gold", "empty", "wrong")
-APPLY = ('if [ -n "${ROLLOUTD_BENCH_PATCH:-}" ]; then printf %s "$ROLLOUTD_BENCH_PATCH" '
-         '| base64 -d | git apply --whitespace=nowarn - && echo applied; else echo no patch; fi')
-POLICY = [tool_call("bash", command=APPLY), tool_call("finish", answer="done")]
-HIDDEN = ("patch", "wrong_patch")
-
-
-def load_set() -> list[dict[str, Any]]:
-    spec = importlib.util.spec_from_file_location("swe_set_build", REPO / "examples/swe_set/build.py")
-    assert spec is not None and spec.loader is not None
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
-    rows: list[dict[str, Any]] = build.load_instances()
-    return rows
-
-
-def rollout_task(row: dict[str, Any], variant: str) -> dict[str, Any]:
-    task = {k: v for k, v in row.items() if k not in HIDDEN}
-    patch = {"gold": row["patch"], "wrong": row["wrong_patch"], "empty": ""}[variant]
-    encoded = base64.b64encode(patch.encode()).decode()
-    task["env_setup"] = f"export ROLLOUTD_BENCH_PATCH={shlex.quote(encoded)}"
-    task["id"] = f"{row['instance_id']}:{variant}"
-    return task
+BUILD = swe_set_module()  # examples/swe_set/build.py
+POLICY = [tool_call("bash", command=BUILD.APPLY_PATCH), tool_call("finish", answer="done")]
 
 
 async def run_all(daemon: Daemon, tasks: list[dict[str, Any]], console: Console) -> list[dict[str, Any]]:
@@ -82,7 +59,7 @@ async def run_all(daemon: Daemon, tasks: list[dict[str, Any]], console: Console)
         for task in tasks:
             r = await http.post("/v1/rollouts", json={
                 "task": task, "n": 1, "timeout_s": 900,
-                "limits": {"max_turns": 3, "max_tokens_per_turn": 64}})
+                "limits": {"max_turns": 3, "max_tokens_per_turn": 512}})
             r.raise_for_status()
             ids.append(r.json()["ids"][0])
         results: dict[str, dict[str, Any]] = {}
@@ -128,12 +105,12 @@ async def main() -> int:
                       "(pip install 'rolloutd[swe]')[/red]")
         return 2
     t0 = time.monotonic()
-    rows = await trio.to_thread.run_sync(load_set)
+    rows = await trio.to_thread.run_sync(BUILD.load_instances)
     if args.limit:
         rows = rows[:args.limit]
     console.print(f"SWE set: {len(rows)} instances, images ready in {time.monotonic() - t0:.0f} s")
     by_id = {r["instance_id"]: r for r in rows}
-    tasks = [rollout_task(r, v) for r in rows for v in VARIANTS]
+    tasks = [BUILD.with_patch(r, v) for r in rows for v in BUILD.VARIANTS]
     root = Path(tempfile.mkdtemp(prefix="rl-swe-"))
     ms = ModelServer(POLICY)
     daemon = Daemon(root / "state", log_level="warning", n_init=args.n_slots, n_run=args.n_slots,
@@ -166,6 +143,11 @@ async def main() -> int:
         if not ok:
             c["failed"] += 1
             failures.append(f"{tr['task_id']}: {tr['status']} {tr.get('error')}")
+        elif resolved != (variant == "gold"):
+            info = tr.get("reward_info") or {}
+            shell = [m.get("content", "")[:300] for m in tr.get("messages", []) if m.get("role") == "tool"]
+            failures.append(f"{tr['task_id']}: reward {tr['reward']} ({info.get('reason')}); "
+                            f"agent's shell: {shell[:1]}")
         if variant != "empty" and ok:
             evals.append(tr["timing"]["eval_s"])
         verdict = official(tr, row) if ok else None
@@ -180,7 +162,7 @@ async def main() -> int:
                 "failed", "graded by harness"):
         table.add_column(col, justify="left" if col == "project" else "right")
     for repo, c in sorted(per_project.items()):
-        table.add_row(repo, str(c["instances"]), str(c["gold_resolved"]), str(c["empty_resolved"]),
+        table.add_row(repo.split("/")[-1], str(c["instances"]), str(c["gold_resolved"]), str(c["empty_resolved"]),
                       str(c["wrong_resolved"]), str(c["failed"]), str(c["graded"]))
     console.print(table)
     for line in failures:

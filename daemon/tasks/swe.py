@@ -94,7 +94,7 @@ EVAL_DIR = "/tmp/.rolloutd-eval"
 MAX_PATCH_BYTES = 5_000_000
 MAX_LOG_BYTES = 64_000_000
 LOG_TAIL_CHARS = 6000
-FULL_LOG_CHARS = 256_000
+FULL_LOG_CHARS = 1_000_000
 #: Variables a shell or the sandbox's helper sets for itself: not part of an activated
 #: environment (ROLLOUTD_RUN differs per command: it marks what a run leaves behind).
 _SHELL_OWN = frozenset({"_", "SHLVL", "PWD", "OLDPWD", "PS1", "PS2", "PS4", "ROLLOUTD_RUN",

@@ -20,9 +20,11 @@ one flock per version; bump VERSION whenever the recipe changes.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -130,6 +132,25 @@ def load_instances(images: dict[str, Path] | None = None) -> list[dict]:
     for row in rows:
         row["image"] = f"oci:{images[row['repo'].split('/', 1)[1]]}:{TAG}"
     return rows
+
+
+#: The scripted agent of tests/tasks/test_swe_exact.py and bench/swe_set.py (a TEST DOUBLE,
+#: not a model): one bash command that applies the patch :func:`with_patch` handed it.
+APPLY_PATCH = ('if [ -n "${ROLLOUTD_BENCH_PATCH:-}" ]; then printf %s "$ROLLOUTD_BENCH_PATCH" '
+               '| base64 -d | git apply --whitespace=nowarn - && echo applied; else echo no patch; fi')
+VARIANTS = ("gold", "empty", "wrong")
+
+
+def with_patch(row: dict, variant: str) -> dict:
+    """The row as a task whose agent gets the ``variant``'s patch (gold, empty or wrong):
+    ``env_setup`` exports it as ROLLOUTD_BENCH_PATCH, so the agent's shell has it (the
+    patches themselves are left out of the task); ``id`` is ``<instance_id>:<variant>``."""
+    task = {k: v for k, v in row.items() if k not in ("patch", "wrong_patch")}
+    patch = {"gold": row["patch"], "wrong": row["wrong_patch"], "empty": ""}[variant]
+    encoded = base64.b64encode(patch.encode()).decode()
+    task["env_setup"] = f"export ROLLOUTD_BENCH_PATCH={shlex.quote(encoded)}"
+    task["id"] = f"{row['instance_id']}:{variant}"
+    return task
 
 
 def main() -> None:

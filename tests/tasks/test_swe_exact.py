@@ -6,35 +6,29 @@ subset (one instance per project) runs here; bench/swe_set.py runs them all."""
 
 from __future__ import annotations
 
-import base64
-import importlib.util
 import json
 import shlex
-from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
+from rolloutd.daemon.demo import swe_set_module
 from rolloutd.daemon.tasks._swe_grading import grade
 from rolloutd.daemon.trajectory import Status
 
 from .conftest import tool_call
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
-APPLY = ('if [ -n "${ROLLOUTD_BENCH_PATCH:-}" ]; then printf %s "$ROLLOUTD_BENCH_PATCH" '
-         '| base64 -d | git apply --whitespace=nowarn - && echo applied; else echo no patch; fi')
+BUILD = swe_set_module()  # examples/swe_set/build.py: images, instances, the scripted agent
+APPLY = BUILD.APPLY_PATCH
+with_patch = BUILD.with_patch
 
 
 @pytest.fixture(scope="session")
 def swe_set(test_images) -> list[dict[str, Any]]:
     """The SWE set's instances, their images built (cached) on the test Debian image."""
-    spec = importlib.util.spec_from_file_location("swe_set_build", REPO / "examples/swe_set/build.py")
-    assert spec is not None and spec.loader is not None
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
-    return build.load_instances()
+    return BUILD.load_instances()
 
 
 def subset(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -42,14 +36,6 @@ def subset(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for row in rows:
         first.setdefault(row["repo"], row)
     return list(first.values())
-
-
-def with_patch(row: dict[str, Any], variant: str) -> dict[str, Any]:
-    task = {k: v for k, v in row.items() if k not in ("patch", "wrong_patch")}
-    patch = {"gold": row["patch"], "wrong": row["wrong_patch"], "empty": ""}[variant]
-    task["env_setup"] = f"export ROLLOUTD_BENCH_PATCH={shlex.quote(base64.b64encode(patch.encode()).decode())}"
-    task["id"] = f"{row['instance_id']}:{variant}"
-    return task
 
 
 def listed(row: dict[str, Any], key: str) -> list[str]:
