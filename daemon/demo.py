@@ -65,6 +65,10 @@ POLL_S = 0.5
 log = logging.getLogger(__name__)
 
 
+class DemoError(Exception):
+    """The demo cannot run here; the message says why."""
+
+
 @dataclass
 class Row:
     task: dict[str, Any]
@@ -165,7 +169,7 @@ def swe_set_module() -> Any:
 
     path = Path(__file__).resolve().parent.parent / "examples" / "swe_set" / "build.py"
     if not path.is_file():
-        raise RolloutdError(f"--swe needs a rolloutd checkout: {path} is missing")
+        raise DemoError(f"--swe needs a rolloutd checkout: {path} is missing")
     spec = importlib.util.spec_from_file_location("rolloutd_swe_set_build", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -214,7 +218,7 @@ async def run_demo(out: Path, state_dir: Path, console: Console, *,
     tasks: list[dict[str, Any]]
     if swe:
         if backend != "bwrap":
-            raise RolloutdError("--swe runs each instance in its image: it needs bwrap")
+            raise DemoError("--swe runs each instance in its image: it needs bwrap")
         tasks = await trio.to_thread.run_sync(swe_set_tasks, console)
     else:
         repos = await trio.to_thread.run_sync(make_swe_repos, state_dir / "swe-repos")
@@ -285,6 +289,9 @@ def main(out: Path = Path("trajectories.jsonl"), state_dir: Path | None = None, 
         return trio.run(lambda: run_demo(out, state, console, policy=policy, swe=swe))
     except RolloutdError as exc:
         console.print(f"[bold red]the demo daemon answered an error: {exc}[/bold red]")
+        return 1
+    except DemoError as exc:
+        console.print(f"[bold red]{exc}[/bold red]")
         return 1
     finally:
         root.handlers[:] = saved[0]

@@ -1,8 +1,8 @@
 """swe in the instance's own image, scored as the harness scores it: the SWE set
 (examples/swe_set: real projects from their sdists, real injected bugs, one image per project)
 with its gold, empty and wrong patches, in real bwrap sandboxes, evaluated in place. The
-policy is the scripted test double: it applies the patch INIT's env_setup exported. A fast
-subset (one instance per project) runs here; bench/swe_set.py runs them all."""
+policy is the scripted test double: it applies the patch INIT's env_setup exported. Every
+instance runs here (about a minute); bench/swe_set.py runs them all through a daemon."""
 
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ def listed(row: dict[str, Any], key: str) -> list[str]:
     return json.loads(value) if isinstance(value, str) else list(value)
 
 
-async def test_gold_resolves_empty_and_wrong_do_not(image_harness, swe_set):
-    rows = subset(swe_set)
-    assert len(rows) >= 4
+async def test_every_instance_gold_resolves_empty_and_wrong_do_not(image_harness, swe_set):
+    rows = swe_set  # all of them (about a minute here): bench/swe_set.py does it through a daemon
+    assert len(rows) >= 20 and len(subset(rows)) >= 4
     await image_harness.script([tool_call("bash", command=APPLY), tool_call("finish", answer="done")])
     results: dict[str, Any] = {}
 
