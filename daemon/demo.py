@@ -29,6 +29,7 @@ from rich.table import Table
 
 from rolloutd.daemon.client import AsyncClient, RolloutdError
 from rolloutd.daemon.config import Settings
+from rolloutd.daemon.errors import DaemonError
 from rolloutd.daemon.node import Node
 from rolloutd.daemon.trajectory import Status, Trajectory
 
@@ -65,7 +66,7 @@ POLL_S = 0.5
 log = logging.getLogger(__name__)
 
 
-class DemoError(Exception):
+class DemoError(DaemonError):
     """The demo cannot run here; the message says why."""
 
 
