@@ -109,6 +109,7 @@ class Browser:
         self._r = out_r
         self._buf = b""
         self._next = 0
+        self.profile = profile
         self.session: str | None = None
         try:
             # The first answer waits for the browser to start (slow on a busy CI machine).
@@ -161,18 +162,21 @@ class Browser:
     def goto(self, url: str) -> None:
         self.call("Page.navigate", {"url": url})
 
-    def wait_for(self, expression: str, timeout_s: float = 20) -> Any:
+    def wait_for(self, expression: str, timeout_s: float = 20, poll_s: float = 0.1) -> Any:
         """The value of ``expression`` once it is truthy (an exception counts as false: the
         page may still be loading)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            value = self.js(f"(() => {{ try {{ return ({expression}); }} catch (e) {{ return null; }} }})()")
+            try:
+                value = self.js(f"(() => {{ try {{ return ({expression}); }} catch (e) {{ return null; }} }})()")
+            except RuntimeError:
+                value = None  # a navigation replaced the context under the evaluation
             if value:
                 return value
             if time.monotonic() > deadline:
                 html = self.js("document.body ? document.body.innerText.slice(0, 2000) : ''")
                 raise AssertionError(f"timed out waiting for {expression!r}; the page says:\n{html}")
-            time.sleep(0.1)
+            time.sleep(poll_s)
 
     def screenshot(self, path: Path) -> None:
         data = self.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})
@@ -191,6 +195,7 @@ class Browser:
                 os.close(fd)
             except OSError:
                 pass
+        shutil.rmtree(self.profile, ignore_errors=True)
 
 
 def _submit(h: httpx.Client, task: dict[str, Any], n: int, **extra: Any) -> dict[str, Any]:
@@ -213,7 +218,7 @@ class Page(Protocol):
 
     def goto(self, url: str) -> None: ...
     def js(self, expression: str) -> Any: ...
-    def wait_for(self, expression: str, timeout_s: float = 20) -> Any: ...
+    def wait_for(self, expression: str, timeout_s: float = 20, poll_s: float = 0.1) -> Any: ...
     def screenshot(self, path: Path) -> None: ...
 
 
