@@ -82,6 +82,7 @@ def run_chromium(chromium: str, profile: Path, *args: str, timeout_s: float = 90
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         _stop(proc)
+        shutil.rmtree(profile, ignore_errors=True)
     return out.decode(errors="replace")
 
 
