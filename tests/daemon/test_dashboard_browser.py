@@ -24,12 +24,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import pytest
 
+from tests.daemon._bidi import FIREFOX, Firefox
 from tests.hostile._daemon import Daemon, tool_call
 
 TOKEN = "ui-test-token-0123"
@@ -79,6 +82,7 @@ def run_chromium(chromium: str, profile: Path, *args: str, timeout_s: float = 90
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         _stop(proc)
+        shutil.rmtree(profile, ignore_errors=True)
     return out.decode(errors="replace")
 
 
@@ -106,6 +110,7 @@ class Browser:
         self._r = out_r
         self._buf = b""
         self._next = 0
+        self.profile = profile
         self.session: str | None = None
         try:
             # The first answer waits for the browser to start (slow on a busy CI machine).
@@ -158,18 +163,21 @@ class Browser:
     def goto(self, url: str) -> None:
         self.call("Page.navigate", {"url": url})
 
-    def wait_for(self, expression: str, timeout_s: float = 20) -> Any:
+    def wait_for(self, expression: str, timeout_s: float = 20, poll_s: float = 0.1) -> Any:
         """The value of ``expression`` once it is truthy (an exception counts as false: the
         page may still be loading)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            value = self.js(f"(() => {{ try {{ return ({expression}); }} catch (e) {{ return null; }} }})()")
+            try:
+                value = self.js(f"(() => {{ try {{ return ({expression}); }} catch (e) {{ return null; }} }})()")
+            except RuntimeError:
+                value = None  # a navigation replaced the context under the evaluation
             if value:
                 return value
             if time.monotonic() > deadline:
                 html = self.js("document.body ? document.body.innerText.slice(0, 2000) : ''")
                 raise AssertionError(f"timed out waiting for {expression!r}; the page says:\n{html}")
-            time.sleep(0.1)
+            time.sleep(poll_s)
 
     def screenshot(self, path: Path) -> None:
         data = self.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})
@@ -188,6 +196,7 @@ class Browser:
                 os.close(fd)
             except OSError:
                 pass
+        shutil.rmtree(self.profile, ignore_errors=True)
 
 
 def _submit(h: httpx.Client, task: dict[str, Any], n: int, **extra: Any) -> dict[str, Any]:
@@ -196,15 +205,32 @@ def _submit(h: httpx.Client, task: dict[str, Any], n: int, **extra: Any) -> dict
     return r.json()
 
 
-def test_dashboard_in_chromium(tmp_path: Path, chromium: str) -> None:
+@pytest.fixture
+def firefox() -> str:
+    if FIREFOX is None:
+        if os.environ.get("CI"):
+            pytest.fail("firefox-esr is not installed (.ci/run installs the Debian package)")
+        pytest.skip("firefox-esr is not installed (apt-get install firefox-esr)")
+    return FIREFOX
+
+
+class Page(Protocol):
+    """What the page checks drive: Browser (Chromium) or tests.daemon._bidi.Firefox."""
+
+    def goto(self, url: str) -> None: ...
+    def js(self, expression: str) -> Any: ...
+    def wait_for(self, expression: str, timeout_s: float = 20, poll_s: float = 0.1) -> Any: ...
+    def screenshot(self, path: Path) -> None: ...
+
+
+@contextmanager
+def daemon_with_rollouts(tmp_path: Path) -> Iterator[tuple[Daemon, httpx.Client, dict[str, Any]]]:
+    """A daemon holding 7 rollouts: 2 calc (labelled ui-test), a group of 4 sleep samples
+    with rewards 0, 1, 0.5, 1 (``ui-group``) and a sleep rollout failed in eval."""
     daemon = Daemon(tmp_path / "state", token=TOKEN, sandbox_backend="local", log_level="warning",
                     backends=[{"kind": "scripted", "replies": CALC_REPLIES}])
-    shots = tmp_path / "screenshots"
-    shots.mkdir()
     daemon.start_sync()
-    browser: Browser | None = None
     try:
-        ui = f"{daemon.url}/ui/"
         with httpx.Client(base_url=daemon.url, headers=daemon.headers) as h:
             calc = _submit(h, {"kind": "calc", "expression": "4821 * 392", "examples": 0}, 2,
                            labels=["ui-test"])
@@ -212,102 +238,133 @@ def test_dashboard_in_chromium(tmp_path: Path, chromium: str) -> None:
             _submit(h, {"kind": "sleep", "fail_stage": "eval"}, 1)
             traj = calc["rollouts"][0]
             assert traj["status"] == "completed" and len(traj["turns"]) == 2, traj
-
-            # Before signing in, the page shows only the login form (the data calls get 401).
-            dom = run_chromium(chromium, tmp_path / "profile-dump", "--virtual-time-budget=5000",
-                               "--dump-dom", ui)
-            assert '<section id="login">' in dom, dom[-3000:]
-            assert TOKEN not in dom
-            run_chromium(chromium, tmp_path / "profile-shot", "--virtual-time-budget=5000",
-                         f"--window-size={WINDOW[0]},{WINDOW[1]}",
-                         f"--screenshot={shots / 'login.png'}", ui)
-            assert (shots / "login.png").stat().st_size > 1000
-
-            browser = Browser(chromium, tmp_path / "profile")
-            browser.goto(ui)
-            browser.wait_for("!document.getElementById('login').hidden")
-            browser.js(f"document.getElementById('token').value = {json.dumps(TOKEN)};"
-                       "document.getElementById('login-form').requestSubmit(); true")
-
-            # Overview: the status counts, then a live update as more rollouts finish.
-            count = "(document.getElementById('count-{}') || {{}}).innerText || ''"
-            browser.wait_for(f"({count.format('completed')}).startsWith('6')")
-            assert browser.js(count.format("failed")).startswith("1")
-            assert browser.js(count.format("submitted")).startswith("7")
-            assert browser.js("document.getElementById('stages').innerText").count("\n") >= 3
-            assert "healthy" in browser.js("document.getElementById('backends').innerText")
-            assert TOKEN not in browser.js("location.href")
-            assert browser.js("sessionStorage.getItem('rolloutd.token')") == TOKEN
-            browser.screenshot(shots / "overview.png")
-            _submit(h, {"kind": "sleep"}, 3)
-            browser.wait_for(f"({count.format('completed')}).startsWith('9')", timeout_s=15)
-            browser.wait_for("document.querySelectorAll('#throughput polyline').length === 1",
-                             timeout_s=15)
-            browser.screenshot(shots / "overview-updated.png")
-
-            # Rollout browser: filters and pagination.
-            browser.goto(f"{ui}#/rollouts?kind=calc")
-            browser.wait_for("document.querySelectorAll('#rollout-table tbody tr').length === 2")
-            listed = browser.js("[...document.querySelectorAll('#rollout-table tbody tr td:first-child')]"
-                                ".map(td => td.innerText)")
-            assert sorted(listed) == sorted(t["id"] for t in calc["rollouts"])
-            browser.screenshot(shots / "rollouts.png")
-            browser.goto(f"{ui}#/rollouts?limit=25&status=completed")
-            browser.wait_for("document.getElementById('page-info') && "
-                             "document.getElementById('page-info').innerText.includes('of 9')")
-
-            # Trajectory: its turns, the tool call, the sampled tokens coloured by logprob.
-            browser.goto(f"{ui}#/rollout/{traj['id']}")
-            browser.wait_for("document.querySelectorAll('#turns .turn').length === 2")
-            sampled = sum(traj["loss_mask"])
-            assert browser.js("document.querySelectorAll('#turns .tok.m1').length") == sampled
-            coloured = browser.js("[...document.querySelectorAll('#turns .tok.m1')]"
-                                  ".filter(t => t.style.backgroundColor).length")
-            assert coloured == sampled
-            first = traj["loss_mask"].index(1)
-            title = browser.js(f"document.querySelector('#all-tokens .tok[data-i=\"{first}\"]').title")
-            assert title == f"id {traj['token_ids'][first]} · logprob {traj['logprobs'][first]:.4f} · mask 1"
-            assert browser.js("document.querySelectorAll('#all-tokens .tok.m0').length") == (
-                len(traj["token_ids"]) - sampled)
-            text = browser.js("document.getElementById('main').innerText")
-            assert "calculator" in text and "1889832" in text and "4821 * 392" in text
-            assert browser.js("document.querySelectorAll('#messages .msg').length") == len(traj["messages"])
-            assert browser.js("document.querySelectorAll('#timing .bar').length") == 2
-            # the run's waterfall: turn 0's LLM call and calculator call, turn 1's LLM call
-            assert browser.js("document.querySelectorAll('#waterfall .wf-row').length") == 3
-            assert browser.js("document.getElementById('reward').innerText") == "1"
-            browser.screenshot(shots / "trajectory.png")
-
-            # Group: every sample side by side, with GRPO advantages.
-            browser.goto(f"{ui}#/group/{group['group_id']}")
-            browser.wait_for("document.querySelectorAll('#group-table tbody tr').length === 4")
-            advantages = browser.js("[...document.querySelectorAll('[data-advantage]')]"
-                                    ".map(td => Number(td.dataset.advantage))")
-            rewards = [0.0, 1.0, 0.5, 1.0]
-            mean = sum(rewards) / 4
-            std = (sum((r - mean) ** 2 for r in rewards) / 3) ** 0.5
-            assert advantages == pytest.approx([(r - mean) / (std + 1e-4) for r in rewards])
-            assert browser.js("document.querySelectorAll('#group-grid .group-col').length") == 4
-            # where samples diverge (these sleep samples share their messages)
-            assert "identical" in browser.js("document.getElementById('main').innerText")
-            assert browser.js("firstDifference([{a: 1}, {b: 2}], [{a: 1}, {b: 3}])") == 1
-            assert browser.js("firstDifference([{a: 1}], [{a: 1}, {b: 3}])") == 1
-            assert browser.js("firstDifference([{a: 1}], [{a: 1}])") is None
-            browser.screenshot(shots / "group.png")
-
-            # A failed rollout shows its error's stage and type.
-            failed = h.get("/v1/rollouts", params={"status": "failed"}).json()["rollouts"][0]
-            browser.goto(f"{ui}#/rollout/{failed['id']}")
-            browser.wait_for("!!document.getElementById('traj-error')")
-            assert browser.js("document.getElementById('traj-error').innerText").startswith("error in eval")
-
-            # A refused token brings the login form back.
-            browser.js("sessionStorage.setItem('rolloutd.token', 'wrong'); true")
-            browser.goto(f"{ui}#/")
-            browser.wait_for("!document.getElementById('login').hidden && "
-                             "document.getElementById('login-error').innerText.includes('refused')")
+            yield daemon, h, {"calc": calc, "group": group}
     finally:
-        if browser is not None:
-            browser.close()
         if daemon.proc is not None and daemon.proc.poll() is None:
             daemon.stop_sync()
+
+
+def check_pages(browser: Page, h: httpx.Client, ui: str, made: dict[str, Any], shots: Path) -> None:
+    """Every page of the dashboard, signed in through its login form, in ``browser``."""
+    calc, group = made["calc"], made["group"]
+    traj = calc["rollouts"][0]
+    browser.goto(ui)
+    browser.wait_for("!document.getElementById('login').hidden")
+    browser.js(f"document.getElementById('token').value = {json.dumps(TOKEN)};"
+               "document.getElementById('login-form').requestSubmit(); true")
+
+    # Overview: the status counts, then a live update as more rollouts finish.
+    count = "(document.getElementById('count-{}') || {{}}).innerText || ''"
+    browser.wait_for(f"({count.format('completed')}).startsWith('6')")
+    assert browser.js(count.format("failed")).startswith("1")
+    assert browser.js(count.format("submitted")).startswith("7")
+    assert browser.js("document.getElementById('stages').innerText").count("\n") >= 3
+    assert "healthy" in browser.js("document.getElementById('backends').innerText")
+    assert TOKEN not in browser.js("location.href")
+    assert browser.js("sessionStorage.getItem('rolloutd.token')") == TOKEN
+    browser.screenshot(shots / "overview.png")
+    _submit(h, {"kind": "sleep"}, 3)
+    browser.wait_for(f"({count.format('completed')}).startsWith('9')", timeout_s=15)
+    browser.wait_for("document.querySelectorAll('#throughput polyline').length === 1",
+                     timeout_s=15)
+    browser.screenshot(shots / "overview-updated.png")
+
+    # Rollout browser: filters and pagination.
+    browser.goto(f"{ui}#/rollouts?kind=calc")
+    browser.wait_for("document.querySelectorAll('#rollout-table tbody tr').length === 2")
+    listed = browser.js("[...document.querySelectorAll('#rollout-table tbody tr td:first-child')]"
+                        ".map(td => td.innerText)")
+    assert sorted(listed) == sorted(t["id"] for t in calc["rollouts"])
+    browser.screenshot(shots / "rollouts.png")
+    browser.goto(f"{ui}#/rollouts?limit=25&status=completed")
+    browser.wait_for("document.getElementById('page-info') && "
+                     "document.getElementById('page-info').innerText.includes('of 9')")
+
+    # Trajectory: its turns, the tool call, the sampled tokens coloured by logprob.
+    browser.goto(f"{ui}#/rollout/{traj['id']}")
+    browser.wait_for("document.querySelectorAll('#turns .turn').length === 2")
+    sampled = sum(traj["loss_mask"])
+    assert browser.js("document.querySelectorAll('#turns .tok.m1').length") == sampled
+    coloured = browser.js("[...document.querySelectorAll('#turns .tok.m1')]"
+                          ".filter(t => t.style.backgroundColor).length")
+    assert coloured == sampled
+    first = traj["loss_mask"].index(1)
+    title = browser.js(f"document.querySelector('#all-tokens .tok[data-i=\"{first}\"]').title")
+    assert title == f"id {traj['token_ids'][first]} · logprob {traj['logprobs'][first]:.4f} · mask 1"
+    assert browser.js("document.querySelectorAll('#all-tokens .tok.m0').length") == (
+        len(traj["token_ids"]) - sampled)
+    text = browser.js("document.getElementById('main').innerText")
+    assert "calculator" in text and "1889832" in text and "4821 * 392" in text
+    assert browser.js("document.querySelectorAll('#messages .msg').length") == len(traj["messages"])
+    assert browser.js("document.querySelectorAll('#timing .bar').length") == 2
+    # the run's waterfall: turn 0's LLM call and calculator call, turn 1's LLM call
+    assert browser.js("document.querySelectorAll('#waterfall .wf-row').length") == 3
+    assert browser.js("document.getElementById('reward').innerText") == "1"
+    browser.screenshot(shots / "trajectory.png")
+
+    # Group: every sample side by side, with GRPO advantages.
+    browser.goto(f"{ui}#/group/{group['group_id']}")
+    browser.wait_for("document.querySelectorAll('#group-table tbody tr').length === 4")
+    advantages = browser.js("[...document.querySelectorAll('[data-advantage]')]"
+                            ".map(td => Number(td.dataset.advantage))")
+    rewards = [0.0, 1.0, 0.5, 1.0]
+    mean = sum(rewards) / 4
+    std = (sum((r - mean) ** 2 for r in rewards) / 3) ** 0.5
+    assert advantages == pytest.approx([(r - mean) / (std + 1e-4) for r in rewards])
+    assert browser.js("document.querySelectorAll('#group-grid .group-col').length") == 4
+    # where samples diverge (these sleep samples share their messages)
+    assert "identical" in browser.js("document.getElementById('main').innerText")
+    assert browser.js("firstDifference([{a: 1}, {b: 2}], [{a: 1}, {b: 3}])") == 1
+    assert browser.js("firstDifference([{a: 1}], [{a: 1}, {b: 3}])") == 1
+    assert browser.js("firstDifference([{a: 1}], [{a: 1}])") is None
+    browser.screenshot(shots / "group.png")
+
+    # A failed rollout shows its error's stage and type.
+    failed = h.get("/v1/rollouts", params={"status": "failed"}).json()["rollouts"][0]
+    browser.goto(f"{ui}#/rollout/{failed['id']}")
+    browser.wait_for("!!document.getElementById('traj-error')")
+    assert browser.js("document.getElementById('traj-error').innerText").startswith("error in eval")
+
+    # A refused token brings the login form back.
+    browser.js("sessionStorage.setItem('rolloutd.token', 'wrong'); true")
+    browser.goto(f"{ui}#/")
+    browser.wait_for("!document.getElementById('login').hidden && "
+                     "document.getElementById('login-error').innerText.includes('refused')")
+
+
+def test_dashboard_in_chromium(tmp_path: Path, chromium: str) -> None:
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    with daemon_with_rollouts(tmp_path) as (daemon, h, made):
+        ui = f"{daemon.url}/ui/"
+        # Before signing in, the page shows only the login form (the data calls get 401).
+        dom = run_chromium(chromium, tmp_path / "profile-dump", "--virtual-time-budget=5000",
+                           "--dump-dom", ui)
+        assert '<section id="login">' in dom, dom[-3000:]
+        assert TOKEN not in dom
+        run_chromium(chromium, tmp_path / "profile-shot", "--virtual-time-budget=5000",
+                     f"--window-size={WINDOW[0]},{WINDOW[1]}",
+                     f"--screenshot={shots / 'login.png'}", ui)
+        assert (shots / "login.png").stat().st_size > 1000
+        browser = Browser(chromium, tmp_path / "profile")
+        try:
+            check_pages(browser, h, ui, made, shots)
+        finally:
+            browser.close()
+
+
+def test_dashboard_in_firefox(tmp_path: Path, firefox: str) -> None:
+    """The same pages in Firefox ESR, driven over WebDriver BiDi (tests/daemon/_bidi.py)."""
+    shots = tmp_path / "screenshots-firefox"
+    shots.mkdir()
+    with daemon_with_rollouts(tmp_path) as (daemon, h, made):
+        ui = f"{daemon.url}/ui/"
+        browser = Firefox(firefox, tmp_path / "profile-firefox", window=WINDOW)
+        try:
+            browser.goto(ui)
+            browser.wait_for("!document.getElementById('login').hidden")
+            assert TOKEN not in browser.js("document.documentElement.outerHTML")
+            browser.screenshot(shots / "login.png")
+            check_pages(browser, h, ui, made, shots)
+        finally:
+            browser.close()
