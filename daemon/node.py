@@ -121,10 +121,10 @@ class Node:
 
     # ---- wiring -----------------------------------------------------------------------
 
-    def submit(self, req: RolloutRequest) -> Submitted:
+    def submit(self, req: RolloutRequest, *, batch_id: str | None = None) -> Submitted:
         """Submit to the service with the journal and metrics following each new job (the
         front's and the sampler's intake)."""
-        sub = self.service.submit(req)
+        sub = self.service.submit(req, batch_id=batch_id)
         if not sub.replayed:
             self.journal.record_submitted(sub.jobs)
             for job in sub.jobs:
