@@ -147,6 +147,8 @@ class Node:
             "rollouts": {"submitted": self.service.submitted_total, **self.service.store.counts()},
             "sandboxes": self.supervisor.statistics() if self.supervisor else None,
             "images": self.images.statistics(),
+            "tools": self.metrics.tools.snapshot(),
+            "history": self.metrics.history.snapshot(),
             "backends": (
                 {"policy_version": self.pool.policy_version, "backends": self.pool.describe()}
                 if self.pool
