@@ -15,7 +15,7 @@ import itertools
 import math
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +72,7 @@ class JobRequest:
     limits: dict[str, Any] | None = None
     priority: int = 0
     labels: list[str] = field(default_factory=list)
+    batch_id: str | None = None
 
 
 class JobFinished(DaemonError, RuntimeError):
@@ -92,6 +93,7 @@ class Job:
         self.trajectory = Trajectory(
             id=job_id,
             group_id=group_id,
+            batch_id=request.batch_id,
             task_id=str(request.task.get("id")) if request.task.get("id") is not None else None,
             sample_index=sample_index,
             labels=list(request.labels),
@@ -183,6 +185,7 @@ class Job:
         return RolloutSummary(
             id=t.id,
             group_id=t.group_id,
+            batch_id=t.batch_id,
             sample_index=t.sample_index,
             status=t.status,
             usable=t.usable,
@@ -201,6 +204,7 @@ class RolloutSummary(BaseModel):
 
     id: str
     group_id: str | None
+    batch_id: str | None = Field(description="The batch it was sampled for (null: submitted alone).")
     sample_index: int
     status: Status
     usable: bool
@@ -220,6 +224,8 @@ class RolloutFilter(BaseModel):
 
     status: Status | None = None
     group_id: str | None = Field(None, min_length=1, max_length=200)
+    batch_id: str | None = Field(None, min_length=1, max_length=200,
+                                 description="The batch (`POST /v1/batches`) the rollouts were sampled for.")
     label: str | None = Field(None, min_length=1, max_length=200)
     kind: str | None = Field(None, min_length=1, max_length=200, description="The task's kind.")
     min_reward: float | None = Field(None, allow_inf_nan=False)
@@ -231,6 +237,8 @@ class RolloutFilter(BaseModel):
         if self.status is not None and t.status is not self.status:
             return False
         if self.group_id is not None and job.group_id != self.group_id:
+            return False
+        if self.batch_id is not None and t.batch_id != self.batch_id:
             return False
         if self.label is not None and self.label not in t.labels:
             return False
@@ -381,6 +389,16 @@ class ResultStore:
         return out
 
 
+def percentiles(durations: Iterable[float], qs: Iterable[int]) -> dict[str, float | None]:
+    """``{"p50_s": ...}`` for each percentile in ``qs`` (nearest rank; None without data): the
+    stages' and the tools' (``rolloutd.daemon.metrics.ToolLatency``) one definition."""
+    data = sorted(durations)
+    out: dict[str, float | None] = {}
+    for q in qs:
+        out[f"p{q}_s"] = data[min(len(data) - 1, math.ceil(q / 100 * len(data)) - 1)] if data else None
+    return out
+
+
 class StageStats:
     """Counters and recent durations of one pipeline stage."""
 
@@ -403,14 +421,7 @@ class StageStats:
             del self._durations[: len(self._durations) - self.WINDOW]
 
     def percentiles(self) -> dict[str, float | None]:
-        data = sorted(self._durations)
-        if not data:
-            return {"p50_s": None, "p95_s": None, "p99_s": None}
-
-        def pick(q: float) -> float:
-            return data[min(len(data) - 1, math.ceil(q * len(data)) - 1)]
-
-        return {"p50_s": pick(0.50), "p95_s": pick(0.95), "p99_s": pick(0.99)}
+        return percentiles(self._durations, (50, 95, 99))
 
     def snapshot(self, queued: int) -> dict[str, Any]:
         return {

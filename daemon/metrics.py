@@ -9,13 +9,18 @@ Two sources:
   and failures, whether the daemon drains. Plus the process's RSS, fds and CPU.
 - **Per finished rollout**, :meth:`Metrics.observe_job` reads its trajectory: rollouts by
   status (and usable), time per stage, LLM request latency, sampled tokens and retries by
-  backend, tool latency and failed tool calls by tool.
+  backend, tool latency and failed tool calls by tool. The same observation feeds what
+  ``GET /v1/status`` shows of it (the dashboard's overview): each tool's calls and latency
+  percentiles (:class:`ToolLatency`), and finished rollouts and their mean reward per minute
+  over the last hour (:class:`History`), kept here so a page opened late still sees the hour.
 
 Every family is prefixed ``rolloutd_``; docs in README "Operating rolloutd".
 """
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,8 +34,10 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
+from pydantic import BaseModel, Field
 
-from rolloutd.daemon.jobs import Job
+from rolloutd.daemon.jobs import Job, percentiles
+from rolloutd.daemon.trajectory import Trajectory
 
 _STAGE_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 _FAST_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -108,8 +115,100 @@ def _backend_metrics(backends: list[dict[str, Any]]) -> Iterator[Metric]:
     yield failures
 
 
+# ---- what /v1/status shows of the observed rollouts -----------------------------------------
+
+
+class ToolRow(BaseModel):
+    name: str = Field(description="The tool's name (`(other)`: the calls of every name past the first "
+                      "`MAX_TOOLS`).")
+    calls: int = Field(description="Calls since the daemon started (of finished rollouts).")
+    failed: int = Field(description="Calls that failed or timed out.")
+    p50_s: float | None = Field(description="Median latency over its last `window` calls.")
+    p95_s: float | None
+    window: int = Field(description="How many recent calls the percentiles are taken over.")
+
+
+class ToolLatency:
+    """Each tool's calls and latency percentiles: the tool calls of finished rollouts
+    (``ToolCallRecord.latency_s``, which the agent loop times), as ``rolloutd_tool_seconds``."""
+
+    #: Recent calls per tool its percentiles are taken over.
+    WINDOW = 2048
+    #: Tool names kept apart (a model names the tools it calls); later ones count as OTHER.
+    MAX_TOOLS = 200
+    OTHER = "(other)"
+
+    def __init__(self) -> None:
+        self._calls: dict[str, list[int]] = {}  # name -> [calls, failed]
+        self._latency: dict[str, deque[float]] = {}
+
+    def observe(self, name: str, latency_s: float, *, ok: bool) -> None:
+        if name not in self._calls and len(self._calls) >= self.MAX_TOOLS:
+            name = self.OTHER
+        counts = self._calls.setdefault(name, [0, 0])
+        counts[0] += 1
+        counts[1] += 0 if ok else 1
+        self._latency.setdefault(name, deque(maxlen=self.WINDOW)).append(latency_s)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """One row per tool, most called first."""
+        rows = [
+            ToolRow(name=name, calls=calls, failed=failed, window=len(self._latency[name]),
+                    **percentiles(self._latency[name], (50, 95)))
+            for name, (calls, failed) in self._calls.items()
+        ]
+        rows.sort(key=lambda r: (-r.calls, r.name))
+        return [r.model_dump() for r in rows]
+
+
+class Bucket(BaseModel):
+    start: float = Field(description="Unix time the bucket (minute) begins.")
+    finished: int = Field(description="Rollouts that finished in it (any terminal status).")
+    rewarded: int = Field(description="Of those, rollouts with a reward.")
+    mean_reward: float | None = Field(description="Their mean reward (null: none rewarded).")
+
+
+class HistoryView(BaseModel):
+    bucket_s: int
+    buckets: list[Bucket] = Field(description="Oldest first, the last ending with the current one.")
+
+
+class History:
+    """Finished rollouts and their mean reward per ``BUCKET_S``, the last ``BUCKETS`` of them
+    (an hour): at most ``BUCKETS`` buckets are held, whatever the rate."""
+
+    BUCKET_S = 60
+    BUCKETS = 60
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._buckets: dict[int, list[float]] = {}  # minute -> [finished, rewarded, reward sum]
+
+    def observe(self, trajectory: Trajectory) -> None:
+        minute = int(self._clock() // self.BUCKET_S)
+        b = self._buckets.setdefault(minute, [0, 0, 0.0])
+        b[0] += 1
+        if trajectory.reward is not None:
+            b[1] += 1
+            b[2] += trajectory.reward
+        for old in [m for m in self._buckets if m <= minute - self.BUCKETS]:
+            del self._buckets[old]
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every bucket of the last hour, empty ones included."""
+        now = int(self._clock() // self.BUCKET_S)
+        buckets = []
+        for minute in range(now - self.BUCKETS + 1, now + 1):
+            finished, rewarded, total = self._buckets.get(minute, (0, 0, 0.0))
+            buckets.append(Bucket(start=minute * self.BUCKET_S, finished=int(finished), rewarded=int(rewarded),
+                                  mean_reward=total / rewarded if rewarded else None))
+        return HistoryView(bucket_s=self.BUCKET_S, buckets=buckets).model_dump()
+
+
 class Metrics:
-    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, status: Callable[[], dict[str, Any]], *, clock: Callable[[], float] = time.time) -> None:
+        self.tools = ToolLatency()
+        self.history = History(clock)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_StatusCollector(status))
         ProcessCollector(namespace="rolloutd", registry=self.registry)
@@ -133,6 +232,7 @@ class Metrics:
 
     def observe_job(self, job: Job) -> None:
         t = job.trajectory
+        self.history.observe(t)
         self.rollouts.labels(t.status.value).inc()
         if not t.usable:
             self.unusable.labels(t.status.value).inc()
@@ -148,6 +248,7 @@ class Metrics:
                 self.llm_retries.labels(backend).inc(turn.retries)
             for call in turn.tool_calls:
                 self.tool_seconds.labels(call.name).observe(call.latency_s)
+                self.tools.observe(call.name, call.latency_s, ok=call.ok)
                 if not call.ok:
                     self.tool_errors.labels(call.name).inc()
 

@@ -121,10 +121,10 @@ class Node:
 
     # ---- wiring -----------------------------------------------------------------------
 
-    def submit(self, req: RolloutRequest) -> Submitted:
+    def submit(self, req: RolloutRequest, *, batch_id: str | None = None) -> Submitted:
         """Submit to the service with the journal and metrics following each new job (the
         front's and the sampler's intake)."""
-        sub = self.service.submit(req)
+        sub = self.service.submit(req, batch_id=batch_id)
         if not sub.replayed:
             self.journal.record_submitted(sub.jobs)
             for job in sub.jobs:
@@ -147,6 +147,8 @@ class Node:
             "rollouts": {"submitted": self.service.submitted_total, **self.service.store.counts()},
             "sandboxes": self.supervisor.statistics() if self.supervisor else None,
             "images": self.images.statistics(),
+            "tools": self.metrics.tools.snapshot(),
+            "history": self.metrics.history.snapshot(),
             "backends": (
                 {"policy_version": self.pool.policy_version, "backends": self.pool.describe()}
                 if self.pool

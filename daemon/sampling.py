@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import AsyncGenerator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -51,6 +51,12 @@ LEFTOVER_WAIT_S = 30.0
 # ---- the sampler -----------------------------------------------------------------------
 
 
+class Submit(Protocol):
+    """How the sampler submits a group (``RolloutService.submit``, or the node's wrapper)."""
+
+    def __call__(self, req: RolloutRequest, *, batch_id: str | None = None) -> Submitted: ...
+
+
 class Sampler:
     """Owns every dynamic-sampling batch. Start with ``await nursery.start(sampler.run)``."""
 
@@ -61,7 +67,7 @@ class Sampler:
         self,
         service: RolloutService,
         *,
-        submit: Callable[[RolloutRequest], Submitted] | None = None,
+        submit: Submit | None = None,
         ttl_s: float | None = None,
         prefetch: Callable[[list[dict[str, Any]]], None] | None = None,
     ) -> None:
@@ -254,7 +260,7 @@ class Sampler:
             group_id=f"{batch.id}.{index}",
             priority=req.priority,
             labels=[*req.labels, f"batch:{batch.id}"],
-        ))
+        ), batch_id=batch.id)
         ahead = index + batch.max_in_flight  # the group that starts a window from now
         if self._prefetch is not None and ahead < batch.max_gen_groups:
             self._prefetch([req.prompts[ahead]])

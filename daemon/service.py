@@ -68,7 +68,9 @@ class RolloutService:
 
     # ---- submit -------------------------------------------------------------------
 
-    def submit(self, req: RolloutRequest) -> Submitted:
+    def submit(self, req: RolloutRequest, *, batch_id: str | None = None) -> Submitted:
+        """Turn ``req`` into jobs on the pipeline; ``batch_id``: the batch they are sampled for
+        (the sampler's, never a client's: it is no field of the request)."""
         if self.draining:
             raise Draining("the daemon is draining and takes no new rollouts", retry_after_s=5)
         self.check_group_size("n", req.n)
@@ -105,6 +107,7 @@ class RolloutService:
             limits=req.limits.model_dump(),
             priority=req.priority,
             labels=labels,
+            batch_id=batch_id,
         )
         jobs = [
             Job(request, job_id=new_id("r"), group_id=group_id, sample_index=i) for i in range(req.n)

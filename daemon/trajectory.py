@@ -84,6 +84,8 @@ class Timing(BaseModel):
 class Trajectory(BaseModel):
     id: str
     group_id: str | None = None
+    batch_id: str | None = Field(None, description="The dynamic-sampling batch (`POST /v1/batches`) "
+                                 "the rollout was sampled for; null for a rollout submitted alone.")
     task_id: str | None = None
     sample_index: int = 0
     status: Status = Status.queued

@@ -1,6 +1,6 @@
 """Routes for operating a daemon: status, liveness, readiness, Prometheus metrics.
 
-    GET /v1/status      stages, backends, sandboxes, federation
+    GET /v1/status      stages, backends, sandboxes, images, tools, the last hour, federation
     GET /healthz        liveness (no token needed)
     GET /readyz         503 while starting or draining
     GET /metrics        Prometheus text (not in the OpenAPI document)
@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from quart import Response
 from quart_schema import document_response, hide
 from quart_trio import QuartTrio
 
 from rolloutd.daemon.api._http import error, errors
+from rolloutd.daemon.metrics import HistoryView, ToolRow
 
 
 class Operations(Protocol):
@@ -38,9 +39,14 @@ class ReadyResponse(BaseModel):
 
 
 class StatusResponse(BaseModel):
-    """Stages, backends, sandboxes, federation."""
+    """Stages, backends, sandboxes, images, tools, the last hour, federation."""
 
     model_config = ConfigDict(extra="allow")
+
+    tools: list[ToolRow] = Field(description="Each tool's calls (of finished rollouts) and latency, "
+                                 "most called first.")
+    history: HistoryView = Field(description="Finished rollouts and their mean reward per minute, "
+                                 "the last hour.")
 
 
 def register(app: QuartTrio, node: Operations) -> None:
@@ -48,7 +54,7 @@ def register(app: QuartTrio, node: Operations) -> None:
     @document_response(StatusResponse, 200)
     @errors()
     async def status() -> Any:
-        """Stages, backends, sandboxes, federation."""
+        """Stages, backends, sandboxes, images, tools, the last hour, federation."""
         return node.status()
 
     @app.get("/healthz")

@@ -6,7 +6,6 @@
 
 const TOKEN_KEY = "rolloutd.token";
 const POLL_MS = 2000;
-const HISTORY_S = 3600; // the throughput sparkline keeps the last hour (client-side)
 const PAGE_SIZES = [25, 50, 100, 200, 500];
 const STATUSES = ["queued", "init", "run", "eval", "completed", "failed", "timed_out", "cancelled", "lost"];
 const TERMINAL = ["completed", "failed", "timed_out", "cancelled", "lost"];
@@ -160,35 +159,82 @@ function route() {
 
 // ---- overview -------------------------------------------------------------------------
 
-const samples = []; // {t (s), finished (rollouts ended since the daemon started)}
-
-function recordSample(st) {
-  const now = Date.now() / 1000;
-  const counts = st.rollouts || {};
-  // Monotonic: submitted minus those not yet ended (the store's terminal counts shrink as
-  // finished results expire).
-  const live = STATUSES.filter((s) => !TERMINAL.includes(s)).reduce((n, s) => n + (counts[s] || 0), 0);
-  samples.push({ t: now, finished: (counts.submitted || 0) - live });
-  while (samples.length && now - samples[0].t > HISTORY_S) samples.shift();
-}
-
-function rates() {
-  const out = [];
-  for (let i = 1; i < samples.length; i++) {
-    const dt = samples[i].t - samples[i - 1].t;
-    if (dt > 0) out.push({ t: samples[i].t, v: Math.max(0, samples[i].finished - samples[i - 1].finished) / dt });
-  }
-  return out;
-}
-
-function sparkline(points, w = 320, hgt = 60) {
-  const box = svg("svg", { width: w, height: hgt, viewBox: `0 0 ${w} ${hgt}`, class: "spark", id: "throughput" });
-  if (points.length < 2) return box;
+function sparkline(points, id, opts = {}) {
+  // points: [{t, v}] with v a number or null (a gap: nothing measured then).
+  const w = opts.w || 320, hgt = opts.h || 60;
+  const box = svg("svg", { width: w, height: hgt, viewBox: `0 0 ${w} ${hgt}`, class: "spark", id });
+  const known = points.filter((p) => typeof p.v === "number");
+  if (!points.length || !known.length) return box;
   const t0 = points[0].t, t1 = points[points.length - 1].t;
-  const vmax = Math.max(...points.map((p) => p.v), 1e-9);
-  const xy = points.map((p) => `${((p.t - t0) / Math.max(1e-9, t1 - t0) * (w - 4) + 2).toFixed(1)},${(hgt - 2 - p.v / vmax * (hgt - 4)).toFixed(1)}`);
-  box.append(svg("polyline", { points: xy.join(" ") }));
+  const vmin = opts.vmin !== undefined ? Math.min(opts.vmin, ...known.map((p) => p.v)) : Math.min(...known.map((p) => p.v));
+  const vmax = Math.max(...known.map((p) => p.v), vmin + 1e-9);
+  const x = (t) => ((t - t0) / Math.max(1e-9, t1 - t0) * (w - 4) + 2).toFixed(1);
+  const y = (v) => (hgt - 2 - (v - vmin) / (vmax - vmin) * (hgt - 4)).toFixed(1);
+  let run = [];
+  const flush = () => {
+    if (run.length > 1) box.append(svg("polyline", { points: run.map((p) => `${x(p.t)},${y(p.v)}`).join(" ") }));
+    else if (run.length === 1) box.append(svg("circle", { cx: x(run[0].t), cy: y(run[0].v), r: 2 }));
+    run = [];
+  };
+  for (const p of points) {
+    if (typeof p.v === "number") run.push(p);
+    else flush();
+  }
+  flush();
   return box;
+}
+
+function bytes(n) {
+  if (n === null || n === undefined) return "—";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+  return i ? `${n.toFixed(1)} ${units[i]}` : `${n} B`;
+}
+
+function hourPanel(history) {
+  // The daemon's own per-minute buckets of the last hour (GET /v1/status `history`).
+  const buckets = (history && history.buckets) || [];
+  const per = (history && history.bucket_s) || 60;
+  const finished = buckets.reduce((n, b) => n + b.finished, 0);
+  const rewarded = buckets.reduce((n, b) => n + b.rewarded, 0);
+  const rewardSum = buckets.reduce((n, b) => n + (b.rewarded ? b.mean_reward * b.rewarded : 0), 0);
+  const last = buckets.length ? buckets[buckets.length - 1] : null;
+  const span = `${Math.round(buckets.length * per / 60)} min`;
+  return h("div", { class: "row", id: "history" },
+    h("div", {},
+      h("p", {}, "finished rollouts per minute: ", h("strong", { id: "rate", text: last ? fmt(last.finished) : "—" }),
+        h("span", { class: "muted", text: ` this minute · ${finished} in the last ${span}` })),
+      finished ? sparkline(buckets.map((b) => ({ t: b.start, v: b.finished })), "throughput", { vmin: 0 })
+        : h("p", { class: "muted", id: "throughput-empty", text: `no rollout finished in the last ${span}` })),
+    h("div", {},
+      h("p", {}, "mean reward per minute: ", h("strong", { id: "reward-last", text: last && last.rewarded ? fmt(last.mean_reward) : "—" }),
+        h("span", { class: "muted", text: ` this minute · ${rewarded ? fmt(rewardSum / rewarded) : "—"} over the ${rewarded} rewarded in the last ${span}` })),
+      rewarded ? sparkline(buckets.map((b) => ({ t: b.start, v: b.rewarded ? b.mean_reward : null })), "reward-series")
+        : h("p", { class: "muted", id: "reward-empty", text: `no rollout rewarded in the last ${span}` })));
+}
+
+function toolsPanel(tools) {
+  if (!tools || !tools.length) return h("p", { class: "muted", id: "tools-empty", text: "no tool calls yet (finished rollouts' calls count)" });
+  return table(["tool", { text: "calls", class: "num" }, { text: "failed", class: "num" }, { text: "p50", class: "num" },
+    { text: "p95", class: "num" }, { text: "over last", class: "num" }],
+  tools.map((t) => [h("span", { class: "mono", text: t.name }), h("td", { class: "num", text: fmt(t.calls) }),
+    h("td", { class: t.failed ? "num error" : "num", text: fmt(t.failed) }), h("td", { class: "num", text: secs(t.p50_s) }),
+    h("td", { class: "num", text: secs(t.p95_s) }), h("td", { class: "num", text: `${t.window} calls` })]), { id: "tools" });
+}
+
+function imagesPanel(im) {
+  if (!im) return h("p", { class: "muted", text: "no image store" });
+  const lookups = (im.hits || 0) + (im.misses || 0);
+  const read = im.images !== undefined;
+  return h("div", {},
+    read ? null : h("p", { class: "muted", text: "the image store's figures are not read yet" }),
+    h("div", { class: "cards", id: "images" },
+      card("images", im.images, "images-count"), card("layers", im.layers), card("unpacked size", bytes(im.bytes), "images-bytes"),
+      card("hits", im.hits), card("misses", im.misses),
+      card("hit rate", lookups ? `${(100 * (im.hits || 0) / lookups).toFixed(0)} %` : "—", "images-hit-rate"),
+      card("unpack time", secs(im.unpack_s_total)), card("prefetched", im.prefetched), card("prefetching", im.prefetching),
+      card("prefetch failed", im.prefetch_failed)));
 }
 
 function card(k, v, id) {
@@ -196,11 +242,8 @@ function card(k, v, id) {
 }
 
 function renderOverview(st) {
-  recordSample(st);
   document.getElementById("node").textContent =
     `${st.node_id || ""} · up ${fmt(st.uptime_s, 0)} s${st.draining ? " · DRAINING" : ""}${st.ready ? "" : " · not ready"}`;
-  const r = rates();
-  const last = r.length ? r[r.length - 1].v : null;
   const counts = st.rollouts || {};
   const pipe = st.pipeline || {};
   const stages = pipe.stages || {};
@@ -221,11 +264,16 @@ function renderOverview(st) {
         { text: "p50", class: "num" }, { text: "p95", class: "num" }, { text: "p99", class: "num" }],
       ["init", "run", "eval"].filter((n) => stages[n]).map((name) => [name, stages[name]]).map(([name, s]) => [name,
         ...[s.workers, s.queued, s.in_flight, s.free, s.finished, s.failed].map((v) => h("td", { class: "num", text: fmt(v) })),
-        ...[s.p50_s, s.p95_s, s.p99_s].map((v) => h("td", { class: "num", text: secs(v) }))]), { id: "stages" })),
-    h("div", {},
-      h("p", {}, "finished rollouts/s: ", h("strong", { id: "rate", text: last === null ? "—" : last.toFixed(2) }),
-        h("span", { class: "muted", text: ` (kept in this tab for up to ${HISTORY_S / 60} min)` })),
-      sparkline(r))));
+        ...[s.p50_s, s.p95_s, s.p99_s].map((v) => h("td", { class: "num", text: secs(v) }))]), { id: "stages" }))));
+
+  out.push(h("h2", { text: "Last hour" }));
+  out.push(hourPanel(st.history));
+
+  out.push(h("h2", { text: "Tool latency" }));
+  out.push(toolsPanel(st.tools));
+
+  out.push(h("h2", { text: "Image cache" }));
+  out.push(imagesPanel(st.images));
 
   const be = st.backends;
   out.push(h("h2", { text: "LLM backends" }));
@@ -272,7 +320,7 @@ async function viewOverview(gen) {
 
 // ---- rollout browser ------------------------------------------------------------------
 
-const FILTERS = ["status", "group_id", "label", "kind", "min_reward", "max_reward", "id_prefix"];
+const FILTERS = ["status", "group_id", "batch_id", "label", "kind", "min_reward", "max_reward", "id_prefix"];
 
 async function viewRollouts(params, gen) {
   const limit = Number(params.get("limit")) || 50;
@@ -292,7 +340,7 @@ async function viewRollouts(params, gen) {
   } },
   h("label", {}, "status", h("select", { name: "status" }, h("option", { value: "", text: "any" }),
     STATUSES.map((s) => h("option", { value: s, text: s, selected: params.get("status") === s })))),
-  field("group_id", "group"), field("label", "label"), field("kind", "task kind"),
+  field("group_id", "group"), field("batch_id", "batch"), field("label", "label"), field("kind", "task kind"),
   field("min_reward", "min reward", { type: "number", step: "any", size: 6 }),
   field("max_reward", "max reward", { type: "number", step: "any", size: 6 }),
   field("id_prefix", "id prefix"),
@@ -430,6 +478,7 @@ async function viewTrajectory(id, gen) {
     h("h2", {}, "Rollout ", h("span", { class: "mono", id: "traj-id", text: traj.id })),
     h("p", {}, "group ", groupLink(traj.group_id), ` · sample ${traj.sample_index} · `, statusSpan(traj.status),
       ` · usable ${traj.usable ? "yes" : "no"} · reward `, h("strong", { id: "reward", text: fmt(traj.reward) }),
+      traj.batch_id ? [" · batch ", h("a", { href: `#/rollouts?batch_id=${encodeURIComponent(traj.batch_id)}`, class: "mono", id: "traj-batch", text: traj.batch_id })] : "",
       traj.task_id ? ` · task ${traj.task_id}` : "", traj.labels.length ? ` · labels ${traj.labels.join(", ")}` : "",
       " · ", h("button", { type: "button", id: "download", text: "Download JSON", onclick: () => download(traj) })),
     err ? h("p", { class: "error", id: "traj-error" }, `error in ${err.stage}: ${err.type}: ${err.message}`) : null,

@@ -267,6 +267,26 @@ def check_pages(browser: Page, h: httpx.Client, ui: str, made: dict[str, Any], s
     browser.wait_for(f"({count.format('completed')}).startsWith('9')", timeout_s=15)
     browser.wait_for("document.querySelectorAll('#throughput polyline').length === 1",
                      timeout_s=15)
+    # The last hour, from the daemon's per-minute buckets: throughput and mean reward.
+    browser.wait_for("document.getElementById('history').innerText.includes('10 in the last 60 min')",
+                     timeout_s=15)
+    assert browser.js("document.querySelectorAll('#reward-series polyline, #reward-series circle')"
+                      ".length") >= 1
+    status = h.get("/v1/status").json()
+    rewarded = [b for b in status["history"]["buckets"] if b["rewarded"]]
+    mean = (sum(b["mean_reward"] * b["rewarded"] for b in rewarded)
+            / sum(b["rewarded"] for b in rewarded))
+    assert f"{mean:.3f} over the {sum(b['rewarded'] for b in rewarded)} rewarded" in browser.js(
+        "document.getElementById('history').innerText")
+    # Tool latency: one row per tool (the calc rollouts' calculator calls).
+    rows = browser.js("[...document.querySelectorAll('#tools tbody tr')]"
+                      ".map(tr => [...tr.cells].map(td => td.innerText))")
+    assert len(rows) == 1 and rows[0][:3] == ["calculator", "2", "0"], rows
+    assert rows[0][3].endswith(("ms", " s")) and rows[0][5] == "2 calls", rows
+    # The image cache's figures (this daemon ran no image task: an empty store).
+    assert browser.js("document.querySelector('#images-count .v').innerText") == "0"
+    assert browser.js("document.querySelector('#images-bytes .v').innerText") == "0 B"
+    assert browser.js("document.querySelector('#images-hit-rate .v').innerText") == "—"
     browser.screenshot(shots / "overview-updated.png")
 
     # Rollout browser: filters and pagination.
@@ -324,6 +344,22 @@ def check_pages(browser: Page, h: httpx.Client, ui: str, made: dict[str, Any], s
     browser.goto(f"{ui}#/rollout/{failed['id']}")
     browser.wait_for("!!document.getElementById('traj-error')")
     assert browser.js("document.getElementById('traj-error').innerText").startswith("error in eval")
+
+    # A batch's rollouts carry its id: the browser filters by it.
+    r = h.post("/v1/batches", json={"prompts": [{"kind": "sleep", "rewards": [0.0, 1.0]}],
+                                    "group_size": 2, "keep": 1})
+    assert r.status_code == 202, r.text
+    batch_id = r.json()["id"]
+    deadline = time.monotonic() + 30
+    while h.get(f"/v1/batches/{batch_id}").json()["state"] == "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    browser.goto(f"{ui}#/rollouts?batch_id={batch_id}")
+    browser.wait_for("document.querySelectorAll('#rollout-table tbody tr').length === 2")
+    assert browser.js("document.querySelector('#filters [name=batch_id]').value") == batch_id
+    first = browser.js("document.querySelector('#rollout-table tbody tr td a').innerText")
+    browser.goto(f"{ui}#/rollout/{first}")
+    browser.wait_for(f"(document.getElementById('traj-batch') || {{}}).innerText === {json.dumps(batch_id)}")
 
     # A refused token brings the login form back.
     browser.js("sessionStorage.setItem('rolloutd.token', 'wrong'); true")

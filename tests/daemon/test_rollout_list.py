@@ -3,9 +3,15 @@ in-process through ASGI."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
+import trio
 
-from .conftest import sleep_task
+from rolloutd.daemon.api import create_app
+from rolloutd.daemon.node import Node
+from rolloutd.daemon.pipeline import Services
+
+from .conftest import make_settings, sleep_task
 
 
 async def _submit(client, node, **body):
@@ -30,7 +36,7 @@ async def test_listing_filters_and_summaries(asgi):
         assert [x["id"] for x in body["rollouts"]] == [*reversed(ids2), *reversed(ids1)]
         first = {x["id"]: x for x in body["rollouts"]}[ids1[1]]
         assert first == {
-            "id": ids1[1], "group_id": "grp-a", "sample_index": 1, "status": "completed",
+            "id": ids1[1], "group_id": "grp-a", "batch_id": None, "sample_index": 1, "status": "completed",
             "usable": True, "reward": 0.5, "kind": "sleep", "labels": ["exp:one", "test-task:sleep"],
             "turns": 0, "sampled_tokens": 0, "total_s": first["total_s"], "error_type": None,
         }
@@ -61,6 +67,48 @@ async def test_listing_filters_and_summaries(asgi):
         assert await ids(id_prefix=ids1[2][:12]) == {ids1[2]}
         assert await ids(id_prefix="r-") == set(ids1 + ids2)
         assert await ids(status="completed", group_id="grp-a", min_reward=1) == {ids1[2]}
+
+
+async def test_listing_filters_by_batch(nursery, tmp_path):
+    """Rollouts a batch (``POST /v1/batches``) sampled carry its id; a rollout submitted alone
+    carries null; ``?batch_id=`` selects one batch's rollouts."""
+    node = Node(make_settings(tmp_path), services=Services())
+    await nursery.start(node.pipeline.run)
+    await nursery.start(node.sampler.run)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(node)), base_url="http://t")
+    async with client:
+        batch_ids = []
+        for rewards in ([0.0, 1.0], [1.0, 0.0, 0.5]):
+            r = await client.post("/v1/batches", json={
+                "prompts": [sleep_task(rewards=rewards)] * 2, "group_size": len(rewards), "keep": 2})
+            assert r.status_code == 202, r.text
+            batch_ids.append(r.json()["id"])
+        _, alone = await _submit(client, node, task=sleep_task(), n=2)
+        for bid in batch_ids:
+            while (await client.get(f"/v1/batches/{bid}")).json()["state"] == "running":
+                await trio.sleep(0.05)
+
+        async def listed(**params):
+            r = await client.get("/v1/rollouts", params={"limit": 500, **params})
+            assert r.status_code == 200, r.text
+            return r.json()["rollouts"]
+
+        everything = await listed()
+        assert len(everything) == 2 * 2 + 2 * 3 + 2
+        for bid, size in zip(batch_ids, (2, 3), strict=True):
+            mine = await listed(batch_id=bid)
+            assert len(mine) == 2 * size and all(x["batch_id"] == bid for x in mine)
+            assert {x["group_id"] for x in mine} == {f"{bid}.0", f"{bid}.1"}
+            traj = (await client.get(f"/v1/rollouts/{mine[0]['id']}")).json()
+            assert traj["batch_id"] == bid and f"batch:{bid}" in traj["labels"]
+            assert await listed(batch_id=bid, status="completed", min_reward=1) == [
+                x for x in mine if x["reward"] == 1.0]
+        assert {x["id"] for x in everything if x["batch_id"] is None} == set(alone)
+        assert (await client.get(f"/v1/rollouts/{alone[0]}")).json()["batch_id"] is None
+        assert await listed(batch_id="b-0000000000000000") == []
+        # a client cannot claim a batch: batch_id is no field of a rollout request
+        r = await client.post("/v1/rollouts", json={"task": sleep_task(), "batch_id": batch_ids[0]})
+        assert r.status_code == 422, r.text
 
 
 async def test_listing_pages(asgi):
@@ -96,6 +144,7 @@ async def test_listing_shows_live_rollouts(asgi):
     {"limit": 0}, {"limit": 501}, {"limit": "ten"}, {"offset": -1}, {"offset": 10_000_001},
     {"status": "done"}, {"min_reward": "nan"}, {"max_reward": "inf"}, {"min_reward": "x"},
     {"group_id": ""}, {"id_prefix": ""}, {"label": "x" * 201}, {"bogus": 1},
+    {"batch_id": ""}, {"batch_id": "b" * 201},
 ])
 async def test_listing_bad_query_is_400(asgi, params):
     client, _ = await asgi()
@@ -117,7 +166,7 @@ async def test_listing_needs_the_token_and_is_documented(asgi):
     op = doc["paths"]["/v1/rollouts"]["get"]
     assert {"200", "400", "401"} <= set(op["responses"])
     params = {p["name"]: p for p in op["parameters"]}
-    assert set(params) == {"status", "group_id", "label", "kind", "min_reward", "max_reward",
+    assert set(params) == {"status", "group_id", "batch_id", "label", "kind", "min_reward", "max_reward",
                            "id_prefix", "limit", "offset"}
     assert not any(p["required"] for p in params.values())
     assert params["limit"]["schema"]["maximum"] == 500 and params["limit"]["schema"]["minimum"] == 1
