@@ -18,6 +18,7 @@ from rolloutd.daemon.errors import (
     IdempotencyConflict,
     InvalidTask,
     NotFound,
+    NotReplayable,
     QueueFullError,
 )
 from rolloutd.daemon.jobs import Job, JobRequest, QueueClosed, QueueFull, ResultStore, new_id
@@ -176,6 +177,9 @@ class RolloutService:
         """The request that replays finished rollout ``job_id``, and its trajectory."""
         job = self.get(job_id)
         source = check_replayable(job.trajectory, job.replay_source, done=job.done.is_set())
+        if getattr(self.registry.get(source.task.get("kind")), "custom_run", False):
+            raise NotReplayable(f"rollout {job_id}'s task kind runs its own loop, not the agent's: "
+                                "it cannot be replayed")
         req = RolloutRequest(
             task=source.task,
             sampling=source.sampling or SamplingParams(),
