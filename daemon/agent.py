@@ -108,9 +108,14 @@ async def run_agent(
     limits: AgentLimits,
     sticky_key: str,
     group_key: str | None,
+    origin: float | None = None,
 ) -> str | None:
-    """Run the loop, filling ``trajectory``; return the final answer (or None)."""
+    """Run the loop, filling ``trajectory``; return the final answer (or None).
+
+    ``origin`` (a ``trio.current_time()``, by default now) is what the turns' and tool calls'
+    ``start_s`` count from: the pipeline passes the rollout's submit time."""
     tr = trajectory
+    origin = trio.current_time() if origin is None else origin
     parser = get_parser(renderer.family.parser)
     schemas = toolbox.schemas() if toolbox is not None else []
     params = params.model_copy(
@@ -159,6 +164,7 @@ async def run_agent(
             retries=int(c.extra.get("retries", 0)),  # type: ignore[call-overload]
             backend_switches=[str(s) for s in switches],  # type: ignore[attr-defined]
             llm_s=llm_s,
+            start_s=round(t0 - origin, 6),
         )
         tr.turns.append(turn)
 
@@ -189,6 +195,7 @@ async def run_agent(
                     ok=res.ok,
                     latency_s=res.latency_s or took,
                     error=None if res.ok else ("timed out" if res.timed_out else res.output[:500]),
+                    start_s=round(t1 - origin, 6),
                 )
             )
             tr.messages.append({"role": "tool", "name": call.name, "content": res.output})

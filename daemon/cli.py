@@ -72,6 +72,13 @@ def _parser() -> argparse.ArgumentParser:
     batch.add_argument("--keep-running", action="store_true",
                        help="do not cancel the batch if this command is interrupted")
 
+    replay = sub.add_parser("replay", help="replay a finished rollout's model outputs against a "
+                            "fresh sandbox and compare the tool outputs")
+    _add_client_args(replay)
+    replay.add_argument("id", help="the finished rollout to replay")
+    replay.add_argument("--wait", action="store_true",
+                        help="wait for the replay and print the comparison (exit 1 if outputs differ)")
+
     images = sub.add_parser("images", help="the daemon's image store: pull, import, ls, rm, gc")
     isub = images.add_subparsers(dest="images_command", required=True)
     pull = isub.add_parser("pull", help="pull docker://REF with skopeo (needs a reachable registry)")
@@ -202,6 +209,18 @@ def _submit_batch(args: argparse.Namespace, tasks: list[dict[str, Any]], options
     return 0 if st["state"] == "completed" else 1
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        new_id = c.replay(args.id)
+        if not args.wait:
+            print(json.dumps({"id": new_id, "replay_of": args.id}))
+            return 0
+        (traj,) = c.wait([new_id])
+    replay = traj.replay.model_dump() if traj.replay else None
+    print(json.dumps({"id": new_id, "status": traj.status.value, "replay": replay}, indent=2))
+    return 0 if replay is not None and replay["tool_outputs_equal"] else 1
+
+
 def cmd_images(args: argparse.Namespace) -> int:
     from rolloutd.daemon.render import import_image_with_progress, print_images
 
@@ -264,6 +283,7 @@ COMMANDS = {
     "serve": cmd_serve,
     "status": cmd_status,
     "submit": cmd_submit,
+    "replay": cmd_replay,
     "images": cmd_images,
     "tasks": cmd_tasks,
     "demo": cmd_demo,

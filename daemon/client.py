@@ -169,6 +169,14 @@ class Client:
     def cancel(self, rollout_id: str) -> str:
         return str(self._call("DELETE", f"/v1/rollouts/{rollout_id}")["status"])
 
+    def replay(self, rollout_id: str) -> str:
+        """Replay a finished rollout's model outputs against a fresh sandbox: the new id."""
+        return str(self._call("POST", f"/v1/rollouts/{rollout_id}/replay")["id"])
+
+    def token_pieces(self, rollout_id: str) -> list[str]:
+        """The text of each of the rollout's ``token_ids`` (the served tokenizer's)."""
+        return list(self._call("GET", f"/v1/rollouts/{rollout_id}/tokens")["pieces"])
+
     def status(self) -> dict[str, Any]:
         return dict(self._call("GET", "/v1/status"))
 
@@ -322,6 +330,12 @@ class AsyncClient:
 
     async def cancel(self, rollout_id: str) -> str:
         return str((await self._call("DELETE", f"/v1/rollouts/{rollout_id}"))["status"])
+
+    async def replay(self, rollout_id: str) -> str:
+        return str((await self._call("POST", f"/v1/rollouts/{rollout_id}/replay"))["id"])
+
+    async def token_pieces(self, rollout_id: str) -> list[str]:
+        return list((await self._call("GET", f"/v1/rollouts/{rollout_id}/tokens"))["pieces"])
 
     async def status(self) -> dict[str, Any]:
         return dict(await self._call("GET", "/v1/status"))

@@ -77,6 +77,10 @@ class IdempotencyConflict(RequestError):
     """An idempotency key was reused with another request body."""
 
 
+class NotReplayable(RequestError):
+    """A rollout that cannot be replayed: not finished, no turns, or its task is not held."""
+
+
 class ImageInUse(RequestError):
     """An image that a live sandbox uses cannot be removed now."""
 
@@ -109,6 +113,7 @@ __all__ = [
     "InvalidRequest",
     "InvalidTask",
     "NotFound",
+    "NotReplayable",
     "QueueFullError",
     "ReloadFailed",
     "RequestError",

@@ -29,6 +29,7 @@ from rolloutd.daemon.trajectory import Trajectory
 from rolloutd.federation import is_forwarded
 
 if TYPE_CHECKING:
+    from rolloutd.daemon.llm.chat import ChatRenderer
     from rolloutd.federation import Federation
 
 log = logging.getLogger(__name__)
@@ -56,12 +57,14 @@ class Front:
         sampler: Sampler,
         journal: Journal,
         *,
-        intake: Callable[[RolloutRequest], Submitted],
+        intake: Callable[..., Submitted],
+        renderer: Callable[[], Callable[[], Awaitable[ChatRenderer]] | None] = lambda: None,
     ) -> None:
         self.service = service
         self.sampler = sampler
         self.journal = journal
         self._intake = intake
+        self._renderer = renderer
         self.federation: Federation | None = None
         self.forwarder: Forwarder | None = None
         self._nursery: trio.Nursery | None = None
@@ -79,10 +82,10 @@ class Front:
 
     # ---- rollouts ---------------------------------------------------------------------
 
-    async def accept(self, req: RolloutRequest) -> Submitted:
+    async def accept(self, req: RolloutRequest, *, replay_of: Trajectory | None = None) -> Submitted:
         """Submit for a client: the jobs are in the journal before the client hears their ids,
         so an accepted id is never forgotten (after a crash it answers ``lost``)."""
-        sub = self._intake(req)
+        sub = self._intake(req, replay_of=replay_of) if replay_of is not None else self._intake(req)
         try:
             await self.journal.sync()
         except JournalError as exc:
@@ -137,6 +140,23 @@ class Front:
         found = await self.find(job_id)
         traj = found.trajectory if isinstance(found, Job) else found
         return traj.model_dump(mode="json")
+
+    async def replay(self, job_id: str) -> Submitted:
+        """Replay finished rollout ``job_id`` here (daemon/replay.py): a new rollout."""
+        req, original = self.service.replay_request(job_id)
+        return await self.accept(req, replay_of=original)
+
+    async def token_pieces(self, job_id: str) -> dict[str, Any]:
+        """The text of each token of rollout ``job_id``, decoded by the served tokenizer."""
+        found = await self.find(job_id)
+        traj = found.trajectory if isinstance(found, Job) else found
+        factory = self._renderer()
+        if factory is None:
+            raise ServiceUnavailable("this daemon has no tokenizer (no LLM backend is configured)")
+        renderer = await factory()
+        ids = list(traj.token_ids)
+        pieces = await trio.to_thread.run_sync(renderer.token_pieces, ids)
+        return {"id": traj.id, "pieces": pieces}
 
     def list_rollouts(self, match: RolloutFilter, *, limit: int, offset: int) -> dict[str, Any]:
         """The rollouts this daemon holds (its result store: live ones and finished ones

@@ -23,7 +23,8 @@ import trio
 from pydantic import BaseModel, ConfigDict, Field
 
 from rolloutd.daemon.errors import DaemonError
-from rolloutd.daemon.trajectory import ErrorInfo, Stage, Status, Trajectory
+from rolloutd.daemon.replay import ReplaySource, keep_for_replay
+from rolloutd.daemon.trajectory import ErrorInfo, ReplayInfo, Stage, Status, Trajectory
 
 if TYPE_CHECKING:
     from rolloutd.daemon.llm.base import SamplingParams
@@ -73,6 +74,8 @@ class JobRequest:
     priority: int = 0
     labels: list[str] = field(default_factory=list)
     batch_id: str | None = None
+    #: A replay: the finished rollout whose sampled turns are fed back (daemon/replay.py).
+    replay_of: Trajectory | None = None
 
 
 class JobFinished(DaemonError, RuntimeError):
@@ -100,6 +103,10 @@ class Job:
         )
         self.sandbox: Sandbox | None = None
         self.final_answer: str | None = None
+        #: What a replay of this finished rollout needs (daemon/replay.py); set on finish.
+        self.replay_source: ReplaySource | None = None
+        if request.replay_of is not None:
+            self.trajectory.replay = ReplayInfo(of=request.replay_of.id)
         self.cancel_requested = False
         self.stage_scope: trio.CancelScope | None = None
         self.done = trio.Event()
@@ -151,7 +158,13 @@ class Job:
         traj.usable = usable
         self.finished_at = trio.current_time()
         traj.timing.total_s = self.finished_at - self.submitted_at
-        # The result store keeps finished jobs for result_ttl_s: only the trajectory stays.
+        # The result store keeps finished jobs for result_ttl_s: only the trajectory stays
+        # (and a small task, for a replay).
+        if self._request is not None:
+            req = self._request
+            self.replay_source = keep_for_replay(
+                ReplaySource(req.task, req.sampling, req.limits, req.timeout_s), traj
+            )
         self._request = None
         self.final_answer = None
         self.done.set()

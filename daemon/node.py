@@ -51,6 +51,7 @@ from rolloutd.federation import Federation, Member, slurm_seeds
 
 if TYPE_CHECKING:
     from rolloutd.daemon.llm.pool import BackendPool
+    from rolloutd.daemon.trajectory import Trajectory
     from rolloutd.sandbox import SandboxSupervisor
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,8 @@ class Node:
         self.journal = Journal(
             settings.state_dir / "journal.sqlite3", boot_id=self.boot_id, ttl_s=settings.result_ttl_s
         )
-        self.front = Front(self.service, self.sampler, self.journal, intake=self.submit)
+        self.front = Front(self.service, self.sampler, self.journal, intake=self.submit,
+                           renderer=lambda: self.services.renderer)
         self.backends = Backends(settings, lambda: self.services.pool)
         self.urls: list[str] = []
         self.ready = False
@@ -121,10 +123,11 @@ class Node:
 
     # ---- wiring -----------------------------------------------------------------------
 
-    def submit(self, req: RolloutRequest, *, batch_id: str | None = None) -> Submitted:
+    def submit(self, req: RolloutRequest, *, batch_id: str | None = None,
+               replay_of: Trajectory | None = None) -> Submitted:
         """Submit to the service with the journal and metrics following each new job (the
-        front's and the sampler's intake)."""
-        sub = self.service.submit(req, batch_id=batch_id)
+        front's and the sampler's intake); ``replay_of``: a replay of that rollout."""
+        sub = self.service.submit(req, batch_id=batch_id, replay_of=replay_of)
         if not sub.replayed:
             self.journal.record_submitted(sub.jobs)
             for job in sub.jobs:

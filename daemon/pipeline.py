@@ -178,6 +178,7 @@ class Pipeline:
         job.set_stage(Status(stage.value))
         stats.in_flight += 1
         start = trio.current_time()
+        setattr(job.trajectory.timing, f"{stage.value}_start_s", round(start - job.submitted_at, 6))
         job.budget.resume()
         outcome: tuple[Status, str, str] | None = None
         try:
@@ -244,9 +245,12 @@ class Pipeline:
             return
         from rolloutd.daemon.agent import AgentLimits, run_agent
         from rolloutd.daemon.llm.base import SamplingParams
+        from rolloutd.daemon.replay import ReplayPool, compare
         from rolloutd.tools import open_toolbox
 
-        pool, renderer_factory = self.services.pool, self.services.renderer
+        original = job.request.replay_of
+        pool: Any = self.services.pool if original is None else ReplayPool(original)
+        renderer_factory = self.services.renderer
         if pool is None or renderer_factory is None:
             raise PipelineError("no LLM backend pool is configured")
         renderer = await renderer_factory()
@@ -263,9 +267,12 @@ class Pipeline:
                     limits=AgentLimits(**(job.request.limits or {})),
                     sticky_key=job.id,
                     group_key=job.group_id,
+                    origin=job.submitted_at,
                 )
         finally:
             pool.forget(job.id)
+            if original is not None:
+                job.trajectory.replay = compare(job.trajectory, original)
 
     async def _do_eval(self, job: Job) -> None:
         ctx = EvalContext(

@@ -18,14 +18,17 @@ from rolloutd.daemon.errors import (
     IdempotencyConflict,
     InvalidTask,
     NotFound,
+    NotReplayable,
     QueueFullError,
 )
 from rolloutd.daemon.jobs import Job, JobRequest, QueueClosed, QueueFull, ResultStore, new_id
 from rolloutd.daemon.llm.base import SamplingParams
 from rolloutd.daemon.pipeline import Pipeline
+from rolloutd.daemon.replay import LABEL as REPLAY_LABEL
+from rolloutd.daemon.replay import check_replayable
 from rolloutd.daemon.tasks.base import TaskError
 from rolloutd.daemon.tasks.registry import TaskRegistry
-from rolloutd.daemon.trajectory import Stage
+from rolloutd.daemon.trajectory import Stage, Trajectory
 
 
 class RolloutRequest(BaseModel):
@@ -68,9 +71,11 @@ class RolloutService:
 
     # ---- submit -------------------------------------------------------------------
 
-    def submit(self, req: RolloutRequest, *, batch_id: str | None = None) -> Submitted:
+    def submit(self, req: RolloutRequest, *, batch_id: str | None = None,
+               replay_of: Trajectory | None = None) -> Submitted:
         """Turn ``req`` into jobs on the pipeline; ``batch_id``: the batch they are sampled for
-        (the sampler's, never a client's: it is no field of the request)."""
+        (the sampler's, never a client's: it is no field of the request); ``replay_of``: a
+        replay of that finished rollout."""
         if self.draining:
             raise Draining("the daemon is draining and takes no new rollouts", retry_after_s=5)
         self.check_group_size("n", req.n)
@@ -108,6 +113,7 @@ class RolloutService:
             priority=req.priority,
             labels=labels,
             batch_id=batch_id,
+            replay_of=replay_of,
         )
         jobs = [
             Job(request, job_id=new_id("r"), group_id=group_id, sample_index=i) for i in range(req.n)
@@ -170,6 +176,22 @@ class RolloutService:
         if job is None:
             raise NotFound(f"no rollout with id {job_id!r}")
         return job
+
+    def replay_request(self, job_id: str) -> tuple[RolloutRequest, Trajectory]:
+        """The request that replays finished rollout ``job_id``, and its trajectory."""
+        job = self.get(job_id)
+        source = check_replayable(job.trajectory, job.replay_source, done=job.done.is_set())
+        if getattr(self.registry.get(source.task.get("kind")), "custom_run", False):
+            raise NotReplayable(f"rollout {job_id}'s task kind runs its own loop, not the agent's: "
+                                "it cannot be replayed")
+        req = RolloutRequest(
+            task=source.task,
+            sampling=source.sampling or SamplingParams(),
+            limits=AgentLimits(**(source.limits or {})),
+            timeout_s=source.timeout_s,
+            labels=[REPLAY_LABEL, f"replay-of:{job_id}"],
+        )
+        return req, job.trajectory
 
     def cancel(self, job_id: str) -> Job:
         job = self.get(job_id)

@@ -53,6 +53,12 @@ class ToolCallRecord(BaseModel):
     ok: bool = True
     latency_s: float = 0.0
     error: str | None = None
+    start_s: float | None = Field(
+        None, description="When the call started, in seconds since the rollout was submitted."
+    )
+    output_equal: bool | None = Field(
+        None, description="In a replay: whether the output equals the recorded call's output."
+    )
 
 
 class Turn(BaseModel):
@@ -67,6 +73,9 @@ class Turn(BaseModel):
     retries: int = 0
     backend_switches: list[str] = Field(default_factory=list)
     llm_s: float = 0.0
+    start_s: float | None = Field(
+        None, description="When the LLM call started, in seconds since the rollout was submitted."
+    )
     tool_calls: list[ToolCallRecord] = Field(default_factory=list)
     error: str | None = None
 
@@ -79,6 +88,24 @@ class Timing(BaseModel):
     llm_s: float = 0.0
     tool_s: float = 0.0
     total_s: float = 0.0
+    #: When each stage started, in seconds since the rollout was submitted (None: not reached).
+    init_start_s: float | None = None
+    run_start_s: float | None = None
+    eval_start_s: float | None = None
+
+
+class ReplayInfo(BaseModel):
+    """A replay's comparison with the rollout it replays (``POST /v1/rollouts/{id}/replay``)."""
+
+    of: str = Field(description="The id of the replayed rollout.")
+    turns: int = Field(0, description="Recorded turns fed back.")
+    tool_calls: int = Field(0, description="Tool calls compared.")
+    tool_outputs_equal: bool | None = Field(
+        None, description="Whether every tool output equals the recorded one (None until compared)."
+    )
+    first_difference: dict[str, Any] | None = Field(
+        None, description="The first tool call whose output differs: turn, call, recorded, replayed."
+    )
 
 
 class Trajectory(BaseModel):
@@ -102,3 +129,4 @@ class Trajectory(BaseModel):
     finish_reason: str | None = None
     timing: Timing = Field(default_factory=Timing)
     labels: list[str] = Field(default_factory=list)
+    replay: ReplayInfo | None = None

@@ -5,6 +5,8 @@
     GET    /v1/rollouts/stream?ids=...  NDJSON, one trajectory per line as each finishes
     GET    /v1/rollouts/{id}            the trajectory so far
     DELETE /v1/rollouts/{id}            cancel; 202 while it stops, 200 if it had ended
+    GET    /v1/rollouts/{id}/tokens     the text of each token (the served tokenizer's)
+    POST   /v1/rollouts/{id}/replay     replay a finished rollout's model outputs: a new rollout
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ class Rollouts(Protocol):
     def list_rollouts(self, match: RolloutFilter, *, limit: int, offset: int) -> dict[str, Any]: ...
     async def cancel(self, job_id: str) -> Cancelled | PeerAnswer: ...
     async def open_stream(self, ids: list[str]) -> trio.MemoryReceiveChannel[str]: ...
+    async def replay(self, job_id: str) -> Submitted: ...
+    async def token_pieces(self, job_id: str) -> dict[str, Any]: ...
 
 
 class SubmitResponse(BaseModel):
@@ -89,6 +93,21 @@ class TrajectoryLines(Trajectory):
     """NDJSON: one Trajectory per line."""
 
     media_type: ClassVar[str] = NDJSON
+
+
+class TokenPieces(BaseModel):
+    id: str
+    pieces: list[str] = Field(
+        description="The text of each of the trajectory's `token_ids` (same length); joined, they "
+        "are the decoded sequence. A token holding part of a UTF-8 character has `\"\"` and the "
+        "token completing it the whole character."
+    )
+
+
+class ReplayResponse(BaseModel):
+    id: str = Field(description="The new rollout (its `replay.of` names the replayed one).")
+    group_id: str
+    replay_of: str
 
 
 class SubmitQuery(BaseModel):
@@ -165,6 +184,25 @@ def register(app: QuartTrio, rollouts: Rollouts, *, max_timeout_s: float) -> Non
     async def get_rollout(job_id: str) -> Any:
         """The trajectory so far (``status`` says whether it is finished)."""
         return await rollouts.rollout(job_id)
+
+    @app.get("/v1/rollouts/<rollout_id:job_id>/tokens")
+    @document_response(TokenPieces, 200)
+    @errors(404, 503)
+    async def token_pieces(job_id: str) -> Any:
+        """The text of each token of the trajectory, decoded by the served model's tokenizer."""
+        return await rollouts.token_pieces(job_id)
+
+    @app.post("/v1/rollouts/<rollout_id:job_id>/replay")
+    @document_response(ReplayResponse, 202)
+    @errors(404, 409, 429, 503)
+    async def replay(job_id: str) -> Any:
+        """Replay a finished rollout: the same task in a fresh sandbox, each turn answered
+        with the recorded turn's sampled tokens (no model); the new rollout's `replay` says
+        whether the tool outputs equal the recorded ones. 409: not finished, no turns, or
+        its task is no longer held."""
+        sub = await rollouts.replay(job_id)
+        body = ReplayResponse(id=sub.jobs[0].id, group_id=sub.group_id, replay_of=job_id)
+        return body.model_dump(), 202
 
     @app.delete("/v1/rollouts/<rollout_id:job_id>")
     @document_response(CancelResponse, 200)

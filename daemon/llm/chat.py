@@ -163,6 +163,44 @@ class ChatRenderer:
         """A copy of the text of ``ids`` (for parsers and people; never encoded again)."""
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
 
+    def token_pieces(self, ids: Sequence[int]) -> list[str]:
+        """The text of each of ``ids``, so that ``"".join(pieces) == decode(ids)``.
+
+        Decoded incrementally (as streaming detokenizers do): a token is decoded together
+        with the tokens since the last complete character, so a byte-level BPE token that
+        holds part of a UTF-8 character gets ``""`` and the token that completes it the whole
+        character (never a replacement-character fragment). Should a tokenizer decode a
+        window differently from the whole sequence, the last piece takes the difference."""
+        ids = list(ids)
+        pieces = [""] * len(ids)
+        prefix = emitted = 0  # decode from ids[prefix]; ids[:emitted] have their pieces
+        for i in range(len(ids)):
+            before = self.decode(ids[prefix:emitted])
+            after = self.decode(ids[prefix : i + 1])
+            if after.endswith("\ufffd") or not after.startswith(before):
+                continue  # an incomplete character: its text comes with a later token
+            pieces[i] = after[len(before):]
+            emitted = i + 1
+            prefix = max(0, emitted - 4)
+        whole = self.decode(ids)
+        done = "".join(pieces)
+        if done == whole:
+            return pieces
+        if whole.startswith(done) and ids:
+            pieces[-1] += whole[len(done):]
+            return pieces
+        pieces, prev = [], ""  # rare, tokenizer-specific: exact prefixes (quadratic)
+        for i in range(len(ids)):
+            cur = self.decode(ids[: i + 1])
+            if cur.startswith(prev) and not cur.endswith("\ufffd"):
+                pieces.append(cur[len(prev):])
+                prev = cur
+            else:
+                pieces.append("")
+        if pieces and whole.startswith(prev):
+            pieces[-1] += whole[len(prev):]
+        return pieces
+
     def turn_text(self, sampled: Sequence[int]) -> str:
         """The text of a turn without its trailing stop token."""
         ids = list(sampled)

@@ -78,7 +78,7 @@ function token() {
   return sessionStorage.getItem(TOKEN_KEY);
 }
 
-async function api(path, params) {
+async function api(path, params, method = "GET") {
   let url = API + path;
   if (params) {
     const q = new URLSearchParams();
@@ -89,7 +89,7 @@ async function api(path, params) {
   const headers = { Accept: "application/json" };
   const t = token();
   if (t) headers.Authorization = "Bearer " + t;
-  const resp = await fetch(url, { headers, cache: "no-store", credentials: "omit" });
+  const resp = await fetch(url, { method, headers, cache: "no-store", credentials: "omit" });
   if (resp.status === 401) throw new Unauthorized("a valid bearer token is required");
   let body = null;
   try { body = await resp.json(); } catch (e) { body = null; }
@@ -383,8 +383,12 @@ function tokenSpan(traj, i) {
   const id = traj.token_ids[i];
   const mask = traj.loss_mask[i] || 0;
   const lp = traj.logprobs[i];
-  const title = `id ${id} · logprob ${lp === null || lp === undefined ? "—" : lp.toFixed(4)} · mask ${mask}`;
-  const el = h("span", { class: `tok m${mask}`, title, "data-i": i, text: id });
+  const pieces = traj.pieces; // the decoded text of each token (GET /v1/rollouts/{id}/tokens), if known
+  const piece = pieces ? pieces[i] : null;
+  const shown = piece === null ? String(id) : piece.replace(/\n/g, "↵\n").replace(/\t/g, "⇥\t");
+  const title = `id ${id} · logprob ${lp === null || lp === undefined ? "—" : lp.toFixed(4)} · mask ${mask}` +
+    (piece === null ? "" : ` · text ${JSON.stringify(piece)}${piece === "" ? " (part of a character the next tokens complete)" : ""}`);
+  const el = h("span", { class: `tok m${mask}${piece === null ? "" : " text"}${piece === "" ? " partial" : ""}`, title, "data-i": i, "data-id": id, text: shown });
   const colour = mask ? logprobColour(lp) : null;
   if (colour) el.style.backgroundColor = colour;
   return el;
@@ -393,7 +397,7 @@ function tokenSpan(traj, i) {
 function tokens(traj, start, end) {
   const out = [];
   for (let i = start; i < end && i < traj.token_ids.length; i++) out.push(tokenSpan(traj, i));
-  return h("div", { class: "tokens" }, out);
+  return h("div", { class: traj.pieces ? "tokens text" : "tokens" }, out);
 }
 
 function timingBar(tm) {
@@ -415,24 +419,71 @@ function timingBar(tm) {
 }
 
 function waterfall(traj) {
-  // The run stage's spans in order: each turn's LLM call, then its tool calls (the agent
-  // loop runs them one after another; the trajectory records durations, not start times).
+  // Every span at its real start (seconds since the rollout was submitted): the stages, and
+  // within run each turn's LLM call and its tool calls. Records from before start times were
+  // kept (no `start_s`) are laid end to end within run, as their durations allow.
+  const tm = traj.timing;
   const spans = [];
+  const known = (x) => typeof x === "number";
+  spans.push({ kind: "queue", label: "queue", at: 0, s: tm.queue_s || 0 });
+  for (const st of ["init", "run"]) if (known(tm[`${st}_start_s`])) spans.push({ kind: st, label: st, at: tm[`${st}_start_s`], s: tm[`${st}_s`] || 0 });
+  let at = known(tm.run_start_s) ? tm.run_start_s : (tm.queue_s || 0) + (tm.init_s || 0);
   traj.turns.forEach((t, k) => {
-    spans.push({ kind: "llm", label: `turn ${k} LLM`, s: t.llm_s || 0 });
-    for (const c of t.tool_calls) spans.push({ kind: "tool", label: `turn ${k} ${c.name}${c.ok ? "" : " (failed)"}`, s: c.latency_s || 0 });
+    const llmAt = known(t.start_s) ? t.start_s : at;
+    spans.push({ kind: "llm", label: `turn ${k} LLM`, at: llmAt, s: t.llm_s || 0 });
+    at = llmAt + (t.llm_s || 0);
+    for (const c of t.tool_calls) {
+      const toolAt = known(c.start_s) ? c.start_s : at;
+      spans.push({ kind: "tool", label: `turn ${k} ${c.name}${c.ok ? "" : " (failed)"}`, at: toolAt, s: c.latency_s || 0 });
+      at = toolAt + (c.latency_s || 0);
+    }
   });
-  if (!spans.length) return null;
-  const total = Math.max(spans.reduce((n, x) => n + x.s, 0), 1e-9);
-  let at = 0;
+  if (known(tm.eval_start_s)) spans.push({ kind: "eval", label: "eval", at: tm.eval_start_s, s: tm.eval_s || 0 });
+  if (!traj.turns.length) return null;
+  const total = Math.max(tm.total_s || 0, ...spans.map((x) => x.at + x.s), 1e-9);
   const rows = spans.map((x) => {
-    const bar = h("span", { class: `seg-${x.kind}`, title: `${x.label} ${secs(x.s)}` });
-    bar.style.marginLeft = `${(100 * at / total).toFixed(3)}%`;
+    const bar = h("span", { class: `seg-${x.kind}`, title: `${x.label} at ${secs(x.at)} for ${secs(x.s)}` });
+    bar.style.marginLeft = `${(100 * x.at / total).toFixed(3)}%`;
     bar.style.width = `${Math.max(0.2, 100 * x.s / total).toFixed(3)}%`;
-    at += x.s;
-    return h("div", { class: "wf-row" }, h("span", { class: "wf-label", text: `${x.label} · ${secs(x.s)}` }), h("div", { class: "wf-track" }, bar));
+    return h("div", { class: "wf-row", "data-kind": x.kind, "data-start": x.at.toFixed(6) },
+      h("span", { class: "wf-label", text: `${x.label} · +${secs(x.at)} · ${secs(x.s)}` }), h("div", { class: "wf-track" }, bar));
   });
   return h("div", { class: "waterfall", id: "waterfall" }, rows);
+}
+
+function replayPanel(traj) {
+  // A replay's comparison with the rollout it replays (POST /v1/rollouts/{id}/replay).
+  const r = traj.replay;
+  if (!r) return null;
+  const eq = r.tool_outputs_equal;
+  const d = r.first_difference;
+  return h("div", { id: "replay-info" },
+    h("p", {}, "Replay of ", rolloutLink(r.of), ` · ${r.turns} turns fed back · ${r.tool_calls} tool outputs · equal: `,
+      h("strong", { class: eq === false ? "error" : "", text: eq === null || eq === undefined ? "not yet compared" : (eq ? "yes" : "no") })),
+    d ? h("div", { id: "replay-difference" },
+      h("p", { text: `first difference: turn ${d.turn ?? "—"}, call ${d.call} (${d.tool || "—"})` }),
+      h("div", { class: "diff" }, h("div", {}, h("strong", { text: "recorded" }), h("pre", { text: d.recorded ?? "(none)" })),
+        h("div", {}, h("strong", { text: "replayed" }), h("pre", { text: d.replayed ?? "(none)" })))) : null);
+}
+
+function replayButton(traj) {
+  // Replay: the same task in a fresh sandbox with this rollout's sampled turns fed back.
+  if (!TERMINAL.includes(traj.status) || !traj.turns.length) return null;
+  const out = h("span", { id: "replay-result" });
+  const btn = h("button", { type: "button", id: "replay", text: "Replay", title: "re-run this rollout's model outputs against a fresh sandbox and compare the tool outputs" });
+  btn.onclick = async () => {
+    btn.disabled = true;
+    out.textContent = " starting…";
+    try {
+      const r = await api(`rollouts/${encodeURIComponent(traj.id)}/replay`, null, "POST");
+      out.replaceChildren(" replay ", h("a", { href: `#/rollout/${encodeURIComponent(r.id)}`, id: "replay-link", class: "mono", text: r.id }));
+    } catch (e) {
+      out.replaceChildren(h("span", { class: "error", text: ` ${e.message}` }));
+    } finally {
+      btn.disabled = false;
+    }
+  };
+  return h("span", {}, btn, out);
 }
 
 function messageText(content) {
@@ -463,6 +514,13 @@ async function viewTrajectory(id, gen) {
   const traj = await api(`rollouts/${encodeURIComponent(id)}`);
   if (gen !== generation) return;
   signedIn();
+  try {
+    const tok = await api(`rollouts/${encodeURIComponent(id)}/tokens`);
+    if (tok.pieces.length === traj.token_ids.length) traj.pieces = tok.pieces;
+  } catch (e) {
+    if (e instanceof Unauthorized) throw e; // else (no tokenizer): token ids are shown instead
+  }
+  if (gen !== generation) return;
   const sampled = traj.loss_mask.reduce((n, m) => n + m, 0);
   const err = traj.error;
   const turns = traj.turns.map((t, k) => h("div", { class: "turn", "data-turn": k },
@@ -470,9 +528,11 @@ async function viewTrajectory(id, gen) {
       h("span", { class: "muted", text: ` · tokens ${t.start}–${t.end} · backend ${t.backend || "—"} · finish ${t.finish_reason || "—"} · llm ${secs(t.llm_s)} · policy v${t.policy_version_start}${t.policy_version_end !== t.policy_version_start ? "→" + t.policy_version_end : ""}${t.retries ? " · retries " + t.retries : ""}` })),
     t.error ? h("div", { class: "error", text: t.error }) : null,
     tokens(traj, t.start, t.end),
-    t.tool_calls.length ? table(["tool", "arguments", "ok", "exit", { text: "latency", class: "num" }, "error"],
+    t.tool_calls.length ? table(["tool", "arguments", "ok", "exit", { text: "start", class: "num" }, { text: "latency", class: "num" }, "error", ...(traj.replay ? ["equal"] : [])],
       t.tool_calls.map((c) => [c.name, h("pre", { text: JSON.stringify(c.arguments) }), c.ok ? "yes" : h("span", { class: "error", text: "no" }),
-        fmt(c.exit_code), h("td", { class: "num", text: secs(c.latency_s) }), c.error || ""])) : null));
+        fmt(c.exit_code), h("td", { class: "num", text: c.start_s === null || c.start_s === undefined ? "—" : "+" + secs(c.start_s) }),
+        h("td", { class: "num", text: secs(c.latency_s) }), c.error || "",
+        ...(traj.replay ? [c.output_equal === false ? h("span", { class: "error", text: "differs" }) : (c.output_equal ? "yes" : "—")] : [])])) : null));
 
   show(
     h("h2", {}, "Rollout ", h("span", { class: "mono", id: "traj-id", text: traj.id })),
@@ -480,7 +540,9 @@ async function viewTrajectory(id, gen) {
       ` · usable ${traj.usable ? "yes" : "no"} · reward `, h("strong", { id: "reward", text: fmt(traj.reward) }),
       traj.batch_id ? [" · batch ", h("a", { href: `#/rollouts?batch_id=${encodeURIComponent(traj.batch_id)}`, class: "mono", id: "traj-batch", text: traj.batch_id })] : "",
       traj.task_id ? ` · task ${traj.task_id}` : "", traj.labels.length ? ` · labels ${traj.labels.join(", ")}` : "",
-      " · ", h("button", { type: "button", id: "download", text: "Download JSON", onclick: () => download(traj) })),
+      " · ", h("button", { type: "button", id: "download", text: "Download JSON", onclick: () => download(traj) }),
+      " ", replayButton(traj)),
+    replayPanel(traj),
     err ? h("p", { class: "error", id: "traj-error" }, `error in ${err.stage}: ${err.type}: ${err.message}`) : null,
     h("h3", { text: "Timing" }), timingBar(traj.timing), waterfall(traj),
     h("h3", { text: "Reward info" }), h("pre", { id: "reward-info", text: JSON.stringify(traj.reward_info, null, 2) }),
@@ -488,7 +550,7 @@ async function viewTrajectory(id, gen) {
     h("div", { id: "messages" }, traj.messages.map((m, i) => messageCard(m, i))),
     h("h3", { text: `Turns (${traj.turns.length}) · ${traj.token_ids.length} tokens, ${sampled} sampled, prompt ${traj.prompt_length}` }),
     h("p", { class: "muted" }, "Sampled tokens (loss mask 1, underlined) are coloured by probability, red unlikely to green certain; ",
-      "grey tokens (mask 0) are prompt and tool output. Hover a token for its id and logprob."),
+      "grey tokens (mask 0) are prompt and tool output. Tokens show their text decoded by the served tokenizer (↵ a newline); hover a token for its id and logprob."),
     h("div", { id: "turns" }, turns),
     h("h3", { text: "All tokens" }),
     h("div", { id: "all-tokens" }, tokens(traj, 0, traj.token_ids.length)));

@@ -310,17 +310,48 @@ def check_pages(browser: Page, h: httpx.Client, ui: str, made: dict[str, Any], s
     assert coloured == sampled
     first = traj["loss_mask"].index(1)
     title = browser.js(f"document.querySelector('#all-tokens .tok[data-i=\"{first}\"]').title")
-    assert title == f"id {traj['token_ids'][first]} · logprob {traj['logprobs'][first]:.4f} · mask 1"
+    pieces = h.get(f"/v1/rollouts/{traj['id']}/tokens").json()["pieces"]
+    assert title == (f"id {traj['token_ids'][first]} · logprob {traj['logprobs'][first]:.4f} · mask 1"
+                     f" · text {json.dumps(pieces[first])}")
+    # each token shows its decoded text (newlines as ↵): the turn reads as the model wrote it
+    shown = browser.js("[...document.querySelectorAll('#all-tokens .tok')].map(t => t.textContent)"
+                       ".join('')")
+    assert shown.replace("↵", "") == "".join(pieces)
+    turn0 = browser.js("document.querySelector('#turns .turn .tokens').innerText")
+    assert '<tool_call>{"name": "calculator"' in turn0
     assert browser.js("document.querySelectorAll('#all-tokens .tok.m0').length") == (
         len(traj["token_ids"]) - sampled)
     text = browser.js("document.getElementById('main').innerText")
     assert "calculator" in text and "1889832" in text and "4821 * 392" in text
     assert browser.js("document.querySelectorAll('#messages .msg').length") == len(traj["messages"])
     assert browser.js("document.querySelectorAll('#timing .bar').length") == 2
-    # the run's waterfall: turn 0's LLM call and calculator call, turn 1's LLM call
-    assert browser.js("document.querySelectorAll('#waterfall .wf-row').length") == 3
+    # the waterfall at real start times: queue, init, run, turn 0's LLM call and calculator
+    # call, turn 1's LLM call, eval; each span where it started (seconds since submit)
+    kinds = browser.js("[...document.querySelectorAll('#waterfall .wf-row')].map(r => r.dataset.kind)")
+    assert kinds == ["queue", "init", "run", "llm", "tool", "llm", "eval"]
+    starts = browser.js("[...document.querySelectorAll('#waterfall .wf-row')]"
+                        ".map(r => Number(r.dataset.start))")
+    assert starts[0] == 0 and all(x > 0 for x in starts[1:]) and starts == sorted(starts)
+    assert starts[4] == pytest.approx(traj["turns"][0]["tool_calls"][0]["start_s"], abs=1e-5)
     assert browser.js("document.getElementById('reward').innerText") == "1"
     browser.screenshot(shots / "trajectory.png")
+
+    # Replay: the recorded turns fed back against a fresh sandbox; a link to the new rollout.
+    browser.js("document.getElementById('replay').click(); true")
+    browser.wait_for("!!document.getElementById('replay-link')")
+    replay_id = browser.js("document.getElementById('replay-link').innerText")
+    assert replay_id != traj["id"]
+    browser.js("document.getElementById('replay-link').click(); true")
+    browser.wait_for(f"(document.getElementById('traj-id') || {{}}).innerText === {json.dumps(replay_id)}")
+    for _ in range(100):  # until the replay has finished
+        if h.get(f"/v1/rollouts/{replay_id}").json()["status"] == "completed":
+            break
+        time.sleep(0.1)
+    browser.goto(f"{ui}#/")
+    browser.goto(f"{ui}#/rollout/{replay_id}")
+    browser.wait_for("(document.getElementById('replay-info') || {}).innerText?.includes('equal: yes')")
+    assert traj["id"] in browser.js("document.getElementById('replay-info').innerText")
+    browser.screenshot(shots / "replay.png")
 
     # Group: every sample side by side, with GRPO advantages.
     browser.goto(f"{ui}#/group/{group['group_id']}")

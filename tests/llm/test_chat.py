@@ -107,3 +107,15 @@ def test_user_delta_matches_the_template(renderer, tokenizer):
     ours = renderer.render_prompt(msgs) + sampled + renderer.user_ids("call a tool")
     full = [*msgs, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "call a tool"}]
     assert ours == _template_ids(tokenizer, full, add_generation_prompt=True)
+
+
+@pytest.mark.parametrize("text", ["héllo wörld 日本語 🎉 <|im_end|> x", "  spaces\n\ttab ü\n\n", "", "🎉🎉"])
+def test_token_pieces_join_to_the_decoded_sequence_without_broken_characters(renderer, text):
+    ids = [renderer.start_id, *renderer.encode_text(text), renderer.end_id]
+    pieces = renderer.token_pieces(ids)
+    assert len(pieces) == len(ids)
+    assert "".join(pieces) == renderer.decode(ids)
+    assert not any("\ufffd" in p for p in pieces)  # a partial UTF-8 token gets "", not garbage
+    assert pieces[0] == "<|im_start|>" and pieces[-1] == "<|im_end|>"
+    if "🎉" in text:  # an emoji is several byte-level tokens: only the last one holds it
+        assert "" in pieces and any(p.endswith("🎉") for p in pieces)
