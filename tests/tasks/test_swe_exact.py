@@ -48,10 +48,12 @@ async def test_every_instance_gold_resolves_empty_and_wrong_do_not(image_harness
     assert len(rows) >= 20 and len(subset(rows)) >= 4
     await image_harness.script([tool_call("bash", command=APPLY), tool_call("finish", answer="done")])
     results: dict[str, Any] = {}
+    intake = trio.CapacityLimiter(8)  # the harness's intake holds 16
 
     async def one(row: dict[str, Any], variant: str) -> None:
-        results[f"{row['instance_id']}:{variant}"] = await image_harness.run(
-            with_patch(row, variant), timeout_s=600)
+        async with intake:
+            results[f"{row['instance_id']}:{variant}"] = await image_harness.run(
+                with_patch(row, variant), timeout_s=600)
 
     async with trio.open_nursery() as n:
         for row in rows:
