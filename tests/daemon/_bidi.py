@@ -59,7 +59,30 @@ PREFS = {
 }
 
 
-class Firefox:
+class Waits:
+    """``wait_for`` over a driver's ``js`` (Chromium's and Firefox's drivers share it)."""
+
+    def js(self, expression: str) -> Any:
+        raise NotImplementedError
+
+    def wait_for(self, expression: str, timeout_s: float = 20, poll_s: float = 0.1) -> Any:
+        """The value of ``expression`` once it is truthy (an exception counts as false: the
+        page may still be loading)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                value = self.js(f"(() => {{ try {{ return ({expression}); }} catch (e) {{ return null; }} }})()")
+            except RuntimeError:
+                value = None  # a navigation replaced the context under the evaluation
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                text = self.js("document.body ? document.body.innerText.slice(0, 2000) : ''")
+                raise AssertionError(f"timed out waiting for {expression!r}; the page says:\n{text}")
+            time.sleep(poll_s)
+
+
+class Firefox(Waits):
     """Headless Firefox with one browsing context, driven over WebDriver BiDi."""
 
     def __init__(self, firefox: str, profile: Path, *, window: tuple[int, int] = (1400, 1000)) -> None:
@@ -167,21 +190,6 @@ class Firefox:
             details = result.get("exceptionDetails", {})
             raise RuntimeError(f"{expression}: {details.get('text')}")
         return _value(result["result"])
-
-    def wait_for(self, expression: str, timeout_s: float = 20, poll_s: float = 0.1) -> Any:
-        """The value of ``expression`` once it is truthy (an exception counts as false)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                value = self.js(f"(() => {{ try {{ return ({expression}); }} catch (e) {{ return null; }} }})()")
-            except RuntimeError:
-                value = None  # a navigation replaced the realm under the evaluation
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                text = self.js("document.body ? document.body.innerText.slice(0, 2000) : ''")
-                raise AssertionError(f"timed out waiting for {expression!r}; the page says:\n{text}")
-            time.sleep(poll_s)
 
     def screenshot(self, path: Path) -> None:
         data = self.call("browsingContext.captureScreenshot",

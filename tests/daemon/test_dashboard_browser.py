@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import httpx
 import pytest
 
-from tests.daemon._bidi import FIREFOX, Firefox
+from tests.daemon._bidi import FIREFOX, Firefox, Waits
 from tests.hostile._daemon import Daemon, tool_call
 
 TOKEN = "ui-test-token-0123"
@@ -49,13 +49,19 @@ ONTO_3_AND_4 = ("import os, sys; r, w = int(sys.argv[1]), int(sys.argv[2]); os.d
 pytestmark = pytest.mark.slow
 
 
+def installed(path: str | None, package: str) -> str:
+    """The browser's path; without it the test fails under CI (.ci/run installs the Debian
+    package) and skips elsewhere, saying why."""
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{package} is not installed (.ci/run installs the Debian package)")
+        pytest.skip(f"{package} is not installed (apt-get install {package})")
+    return path
+
+
 @pytest.fixture
 def chromium() -> str:
-    if CHROMIUM is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed (.ci/run installs the Debian package)")
-        pytest.skip("chromium is not installed (apt-get install chromium)")
-    return CHROMIUM
+    return installed(CHROMIUM, "chromium")
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -86,7 +92,7 @@ def run_chromium(chromium: str, profile: Path, *args: str, timeout_s: float = 90
     return out.decode(errors="replace")
 
 
-class Browser:
+class Browser(Waits):
     """Headless Chromium driven over the DevTools protocol on a pipe (fd 3: commands in,
     fd 4: answers out, each message JSON ended by a NUL byte), one page attached."""
 
@@ -163,22 +169,6 @@ class Browser:
     def goto(self, url: str) -> None:
         self.call("Page.navigate", {"url": url})
 
-    def wait_for(self, expression: str, timeout_s: float = 20, poll_s: float = 0.1) -> Any:
-        """The value of ``expression`` once it is truthy (an exception counts as false: the
-        page may still be loading)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                value = self.js(f"(() => {{ try {{ return ({expression}); }} catch (e) {{ return null; }} }})()")
-            except RuntimeError:
-                value = None  # a navigation replaced the context under the evaluation
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                html = self.js("document.body ? document.body.innerText.slice(0, 2000) : ''")
-                raise AssertionError(f"timed out waiting for {expression!r}; the page says:\n{html}")
-            time.sleep(poll_s)
-
     def screenshot(self, path: Path) -> None:
         data = self.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})
         path.write_bytes(base64.b64decode(data["data"]))
@@ -207,11 +197,7 @@ def _submit(h: httpx.Client, task: dict[str, Any], n: int, **extra: Any) -> dict
 
 @pytest.fixture
 def firefox() -> str:
-    if FIREFOX is None:
-        if os.environ.get("CI"):
-            pytest.fail("firefox-esr is not installed (.ci/run installs the Debian package)")
-        pytest.skip("firefox-esr is not installed (apt-get install firefox-esr)")
-    return FIREFOX
+    return installed(FIREFOX, "firefox-esr")
 
 
 class Page(Protocol):
