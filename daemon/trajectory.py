@@ -78,6 +78,41 @@ class Turn(BaseModel):
     )
     tool_calls: list[ToolCallRecord] = Field(default_factory=list)
     error: str | None = None
+    segment: int | None = Field(
+        None, description="Harness-driven rollouts: the index of the segment this call's tokens "
+        "are in; ``start``/``end`` are then offsets into that segment's ``token_ids``.")
+    merged: bool | None = Field(
+        None, description="Harness-driven rollouts: whether this call's prompt extended the "
+        "previous call of its segment (True) or started the segment (False).")
+
+
+class Segment(BaseModel):
+    """One token-exact sequence of a harness-driven rollout (DESIGN section 13).
+
+    ``token_ids[:prompt_length]`` is the first call's rendered prompt; every later call of the
+    segment rendered a prompt that extended everything before it, so its sampled ids follow
+    with loss mask 1 and the backend's logprobs, and what the harness added in between
+    (tool results, user turns) with loss mask 0 and logprob null."""
+
+    token_ids: list[int] = Field(default_factory=list)
+    loss_mask: list[int] = Field(default_factory=list)
+    logprobs: list[float | None] = Field(default_factory=list)
+    prompt_length: int = 0
+    calls: int = Field(0, description="LLM calls whose tokens are in this segment.")
+
+
+class HarnessInfo(BaseModel):
+    """How a harness-driven rollout's agent command ran (``task.agent``)."""
+
+    command: list[str] = Field(default_factory=list)
+    exit_code: int | None = Field(None, description="The command's exit status; null when it "
+                                  "was cut (timeout, budget, cancel) before it exited.")
+    ended: str | None = Field(None, description="exited, timeout (agent.timeout_s), or the "
+                              "rollout's own end (deadline, cancel).")
+    calls: int = Field(0, description="LLM calls answered with a completion.")
+    merged_calls: int = Field(0, description="Calls whose tokens joined an earlier call's segment.")
+    refused_calls: int = Field(0, description="Calls refused with an API error (limits, bad input).")
+    output_tail: str = Field("", description="The end of the command's stdout and stderr.")
 
 
 class Timing(BaseModel):
@@ -130,3 +165,17 @@ class Trajectory(BaseModel):
     timing: Timing = Field(default_factory=Timing)
     labels: list[str] = Field(default_factory=list)
     replay: ReplayInfo | None = None
+    segments: list[Segment] = Field(
+        default_factory=list,
+        description="Harness-driven rollouts: every token-exact sequence, in order; a new one "
+        "each time the harness rewrote its history. The top-level ``token_ids``, ``loss_mask`` "
+        "and ``logprobs`` repeat the last one. Empty for the built-in agent loop.")
+    harness: HarnessInfo | None = Field(None, description="Harness-driven rollouts: the agent command.")
+
+    def sequences(self) -> list[Segment]:
+        """What a trainer trains on: the segments, or the one sequence of a built-in loop."""
+        if self.segments:
+            return list(self.segments)
+        return [Segment(token_ids=list(self.token_ids), loss_mask=list(self.loss_mask),
+                        logprobs=list(self.logprobs), prompt_length=self.prompt_length,
+                        calls=len(self.turns))]
