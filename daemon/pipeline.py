@@ -26,6 +26,7 @@ from rolloutd.daemon.trajectory import ErrorInfo, Stage, Status
 
 if TYPE_CHECKING:
     from rolloutd.daemon.config import Settings
+    from rolloutd.daemon.harness import AgentSpec
     from rolloutd.daemon.llm.chat import ChatRenderer
     from rolloutd.daemon.llm.pool import BackendPool
     from rolloutd.sandbox import Sandbox, SandboxSpec, SandboxSupervisor
@@ -233,15 +234,34 @@ class Pipeline:
     async def _do_init(self, job: Job) -> None:
         handler = job.request.handler
         spec = handler.sandbox_spec(job.request.task)
+        agent = _agent_of(job)
+        if agent is not None:
+            from rolloutd.sandbox import Bind, SandboxSpec
+
+            spec = spec if spec is not None else SandboxSpec()  # a harness always needs one
+            if agent.install is not None:
+                from rolloutd.daemon.harness import WHEELS_DIR
+
+                bind = Bind(host=agent.install.wheels, dest=WHEELS_DIR, readonly=True)
+                spec = spec.model_copy(update={"binds": [*spec.binds, bind]})
         if spec is not None:
             job.sandbox = await self._open_sandbox(spec, job)
         await handler.setup(job.sandbox, job.request.task)
+        if agent is not None and agent.install is not None:
+            from rolloutd.daemon.harness import install_agent
+
+            assert job.sandbox is not None
+            await install_agent(job.sandbox, agent.install)
 
     async def _do_run(self, job: Job) -> None:
         handler = job.request.handler
         task = job.request.task
         if handler.custom_run:
             job.final_answer = await handler.run(task, job.trajectory, job.sandbox)
+            return
+        agent = _agent_of(job)
+        if agent is not None:
+            await self._run_harness(job, agent)
             return
         from rolloutd.daemon.agent import AgentLimits, run_agent
         from rolloutd.daemon.llm.base import SamplingParams
@@ -273,6 +293,33 @@ class Pipeline:
             pool.forget(job.id)
             if original is not None:
                 job.trajectory.replay = compare(job.trajectory, original)
+
+    async def _run_harness(self, job: Job, agent: AgentSpec) -> None:
+        """RUN of a task with ``agent``: the harness in the sandbox, its calls recorded."""
+        from rolloutd.daemon.agent import AgentLimits
+        from rolloutd.daemon.harness import Session, run_harness
+        from rolloutd.daemon.llm.base import SamplingParams
+
+        pool, renderer_factory = self.services.pool, self.services.renderer
+        if pool is None or renderer_factory is None:
+            raise PipelineError("no LLM backend pool is configured")
+        if job.request.replay_of is not None:
+            raise PipelineError("a harness-driven rollout cannot be replayed")
+        assert job.sandbox is not None
+        session = Session(
+            trajectory=job.trajectory, pool=pool, renderer=await renderer_factory(),
+            params=job.request.sampling or SamplingParams(),
+            limits=AgentLimits(**(job.request.limits or {})), sticky_key=job.id,
+            group_key=job.group_id, origin=job.submitted_at)
+        prompt = job.request.handler.prompt(job.request.task)
+        try:
+            await run_harness(job.sandbox, agent, session, [dict(m) for m in prompt.messages])
+        finally:
+            pool.forget(job.id)
+            job.final_answer = session.final_text
+            info = job.trajectory.harness
+            if info is not None and info.ended in ("exited", "timeout"):
+                job.trajectory.finish_reason = "agent_exit" if info.ended == "exited" else "agent_timeout"
 
     async def _do_eval(self, job: Job) -> None:
         ctx = EvalContext(
@@ -381,6 +428,16 @@ class Pipeline:
                 job, sandbox_id=sandbox_id, status=status.value, reward=job.trajectory.reward,
                 error_type=error.type if error else None, stage=error.stage if error else None,
                 total_s=round(timing.total_s, 3)))
+
+
+def _agent_of(job: Job) -> AgentSpec | None:
+    """The task's ``agent`` (validated at submit), or None for the built-in loop."""
+    raw = job.request.task.get("agent")
+    if raw is None:
+        return None
+    from rolloutd.daemon.harness import AgentSpec
+
+    return AgentSpec.model_validate(raw)
 
 
 def _leaf(exc: Exception) -> Exception:

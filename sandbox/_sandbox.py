@@ -156,6 +156,15 @@ class Sandbox:
         activated conda env); per-call ``env`` still goes over it."""
         await self._call("setenv", {"set": dict(set), "unset": list(unset)})
 
+    async def relay(self, socket_path: str, *, port: int = 0) -> int:
+        """Carry TCP connections to ``127.0.0.1:<port>`` inside the sandbox to the Unix socket
+        ``socket_path`` (which must be reachable inside, e.g. in the control dir); return the
+        port (``port`` 0: a free one). The sandbox keeps no other network: this is how a
+        process in it reaches one daemon endpoint. The relay ends with the sandbox (and with
+        :meth:`kill_all`). With the local backend the port is on the host's loopback."""
+        reply, _, _ = await self._call("relay", {"socket": socket_path, "port": port})
+        return int(reply["port"])
+
     async def kill_all(self) -> None:
         """SIGKILL every process of the sandbox but its helper (what shutdown ends): e.g.
         whatever an agent left running, before its work is judged in the same sandbox."""

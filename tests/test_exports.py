@@ -9,10 +9,10 @@ import types
 import pytest
 
 from rolloutd import daemon, federation, sandbox, tools, trainers
-from rolloutd.daemon import api, llm, tasks, ui
+from rolloutd.daemon import api, harness, llm, tasks, ui
 from rolloutd.sandbox import images
 
-PACKAGES = [daemon, api, llm, tasks, ui, federation, sandbox, images, tools, trainers]
+PACKAGES = [daemon, api, harness, llm, tasks, ui, federation, sandbox, images, tools, trainers]
 
 
 def _public(module: types.ModuleType) -> set[str]:

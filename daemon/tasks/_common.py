@@ -19,6 +19,8 @@ from pydantic import (
     WrapValidator,
 )
 
+from rolloutd.daemon.harness import AgentSpec
+
 if TYPE_CHECKING:
     from rolloutd.daemon.trajectory import Trajectory
     from rolloutd.sandbox import RunResult
@@ -63,6 +65,9 @@ class TaskModel(BaseModel):
     """Base of the task models: JSON types exactly (no coercion); other keys are kept."""
 
     model_config = ConfigDict(strict=True, extra="allow")
+
+    agent: AgentSpec = omitted(description="Run this agent harness in the sandbox instead of "
+                               "the built-in loop (docs/agents.md).")
 
 
 def tools_type(allowed: Sequence[str]) -> Any:

@@ -7,9 +7,10 @@ import logging
 from importlib.metadata import entry_points
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from rolloutd.daemon.tasks.base import TaskError, TaskHandler, model_kind
+from rolloutd.daemon.harness import AgentSpec
+from rolloutd.daemon.tasks.base import TaskError, TaskHandler, describe_errors, model_kind
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,10 @@ class TaskRegistry:
         through the ``task_model`` the OpenAPI document publishes)."""
         if not isinstance(task, dict):
             raise TaskError(f"a task must be a JSON object, not {type(task).__name__}")
-        return self.get(task.get("kind")).validate(task)
+        checked = self.get(task.get("kind")).validate(task)
+        if checked.get("agent") is not None:  # any kind may name a harness (section 13)
+            checked["agent"] = agent_field(checked["agent"], task.get("kind"))
+        return checked
 
     def _model(self, kind: object) -> type[BaseModel] | None:
         """The handler's task model, if it is the model of this kind (a handler registered
@@ -99,3 +103,11 @@ class TaskRegistry:
             definitions[model.__name__] = schema
             branches.append({"$ref": ref_template.format(model=model.__name__)})
         return {"oneOf": branches}, definitions
+
+
+def agent_field(raw: Any, kind: Any) -> dict[str, Any]:
+    """A task's ``agent`` checked (:class:`rolloutd.daemon.harness.AgentSpec`), as JSON."""
+    try:
+        return AgentSpec.model_validate(raw).model_dump()
+    except ValidationError as exc:
+        raise TaskError(f"{kind} task: agent: {describe_errors(exc)}") from None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import sys
 
 import pytest
 import trio
@@ -107,6 +108,40 @@ async def test_set_env_reaches_later_processes(backend, base_spec):
             await sb.set_env({"A=B": "x"})
         with pytest.raises(SandboxError, match="the sandbox's own variable"):
             await sb.set_env({"ROLLOUTD_RUN": "1.1"})  # it marks what each run leaves behind
+
+
+async def test_relay_carries_loopback_tcp_to_a_daemon_socket(backend, base_spec, leak_check):
+    """A sandbox with no network reaches one daemon Unix socket at a loopback port; the relay
+    ends with kill_all (and with the sandbox)."""
+    async with backend.open(base_spec) as sb:
+        path = str(sb.control_dir / "echo.sock")
+        sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+        await sock.bind(path)
+        os.chmod(path, 0o666)
+        sock.listen(8)
+
+        async def echo(stream: trio.SocketStream) -> None:
+            async with stream:
+                while data := await stream.receive_some(65536):
+                    await stream.send_all(data.upper())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, echo, [trio.SocketListener(sock)])
+            port = await sb.relay(path)
+            client = ("import socket,sys\n"
+                      "s=socket.create_connection(('127.0.0.1',int(sys.argv[1])))\n"
+                      "for w in (b'one', b'x'*200000):\n"
+                      "    s.sendall(w); got=b''\n"
+                      "    while len(got)<len(w): got+=s.recv(65536)\n"
+                      "    print(len(got), got[:3].decode())\n")
+            r = await sb.run([sys.executable, "-c", client, str(port)], timeout_s=20)
+            assert r.stdout == b"3 ONE\n200000 XXX\n", r
+            await sb.kill_all()
+            r = await sb.run([sys.executable, "-c", client, str(port)], timeout_s=20)
+            assert r.exit_code != 0  # the relay is gone with everything else
+            nursery.cancel_scope.cancel()
+        with pytest.raises(SandboxError, match="invalid socket path"):
+            await sb.relay("relative.sock")
 
 
 async def test_kill_all_ends_every_process_but_the_helper(backend, base_spec, leak_check):
