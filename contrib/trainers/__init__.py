@@ -6,7 +6,9 @@
 - :mod:`rolloutd.trainers.skyrl`: a SkyRL ``Generator``
 
 Every adapter keeps GRPO groups whole: unusable samples are resubmitted, then masked (loss
-mask all 0, reward 0), never dropped (:mod:`rolloutd.trainers._common`). See docs/training.md.
+mask all 0, reward 0), never dropped (:mod:`rolloutd.trainers._common`). A harness-driven
+rollout's segments become one row each where the trainer allows it (SkyRL step-wise), else its
+last segment is the row and the count left out is recorded. See docs/training.md.
 """
 
 #: Nothing at the package level: import the adapter you use (each pulls its trainer's

@@ -1,9 +1,26 @@
-"""What every adapter shares: the prompt/completion split, whole groups, masked rows.
+"""What every adapter shares: the prompt/completion split, segments, whole groups, masked rows.
 
 A trajectory ``T`` splits at ``P`` = the offset of its first sampled token
 (``T.turns[0].start``; ``T.prompt_length`` when it has no turn): ``T.token_ids[:P]`` is the
 rendered prompt, ``T.token_ids[P:]`` everything after it (sampled turns, with ``loss_mask``
 1, and tool observations, with 0).
+
+**Segments.** A harness-driven rollout may hold several token-exact sequences
+(``T.segments``: a new one each time the harness rewrote its history). Every adapter trains on
+*views* (:func:`segment_view`): a copy of ``T`` whose ``token_ids``/``loss_mask``/``logprobs``
+are segment ``i``'s, whose ``turns`` are the calls with ``turn.segment == i`` (their
+``start``/``end`` are offsets into that segment), and whose ``P`` is the segment's
+``prompt_length``; reward, group and ids stay the rollout's. A built-in-loop rollout (no
+segments) is its own single view, unchanged. The rule, the same for every adapter:
+
+- where the trainer takes a variable number of samples per rollout (SkyRL in step-wise mode),
+  :func:`sequence_views` gives one row per segment, each with the rollout's reward and group,
+  so no sampled token is lost;
+- where it takes exactly one sequence per sample (TRL, verl, NeMo-Gym, SkyRL otherwise),
+  :func:`last_sequence` gives the LAST segment (the history the harness ended with, the one
+  its reward was computed on) and how many segments were left out; each adapter records that
+  count in the row's extra info or metrics (``segments``, ``segments_left_out``), never
+  silently.
 
 **Groups stay whole.** GRPO normalises rewards per group, so a trainer must get exactly as
 many samples per prompt as it asked for. :func:`run_group` / :func:`arun_group` submit a
@@ -25,8 +42,45 @@ from rolloutd.daemon.trajectory import Status, Trajectory
 
 
 def boundary(t: Trajectory) -> int:
-    """``P``: where the first sampled token is (the end of the rendered prompt)."""
+    """``P``: where the first sampled token is (the end of the rendered prompt). For a
+    built-in loop's rollout, the first turn's start; for a segment view (or a harness-driven
+    rollout, whose top-level tokens repeat its last segment), the segment's ``prompt_length``."""
+    if t.segments:
+        return t.segments[-1].prompt_length
     return t.turns[0].start if t.turns else (t.prompt_length or len(t.token_ids))
+
+
+def segment_view(t: Trajectory, i: int) -> Trajectory:
+    """Segment ``i`` of a harness-driven rollout as a trajectory of its own: its tokens, its
+    calls (``turn.segment == i``) and its ``prompt_length``; everything else (id, reward,
+    group, usable, messages, timing) is the rollout's. ``segments`` holds just that segment."""
+    seg = t.segments[i]
+    return t.model_copy(update={
+        "token_ids": list(seg.token_ids), "loss_mask": list(seg.loss_mask),
+        "logprobs": list(seg.logprobs), "prompt_length": seg.prompt_length,
+        "turns": [x for x in t.turns if x.segment == i], "segments": [seg],
+    })
+
+
+def sequence_views(t: Trajectory) -> list[Trajectory]:
+    """One view per token-exact sequence, in order: ``[t]`` itself for a built-in loop's
+    rollout, one :func:`segment_view` per segment for a harness-driven one."""
+    if not t.segments:
+        return [t]
+    return [segment_view(t, i) for i in range(len(t.segments))]
+
+
+def last_sequence(t: Trajectory) -> tuple[Trajectory, int]:
+    """For a trainer that takes one sequence per sample: the last sequence's view and how
+    many sequences were left out (0 for a built-in loop or a single segment)."""
+    if not t.segments:
+        return t, 0
+    return segment_view(t, len(t.segments) - 1), len(t.segments) - 1
+
+
+def segment_info(t: Trajectory, left_out: int) -> dict[str, int]:
+    """What a one-sequence row records about the rollout's sequences."""
+    return {"segments": max(1, len(t.segments)), "segments_left_out": left_out}
 
 
 def zeros_for_null(logprobs: Sequence[float | None]) -> list[float]:
@@ -41,13 +95,15 @@ def versions(t: Trajectory) -> tuple[int | None, int | None]:
 
 
 def masked(t: Trajectory) -> Trajectory:
-    """A copy that trains on nothing: loss mask all 0, reward 0, ``usable`` false. A sample
-    with no tokens at all gets one token (its last prompt token, or 0) so every trainer
-    still has a row to pad."""
+    """A copy that trains on nothing: loss mask all 0, reward 0, ``usable`` false (every
+    segment's loss mask too). A sample with no tokens at all gets one token (its last prompt
+    token, or 0) so every trainer still has a row to pad."""
     ids = list(t.token_ids) or [0]
+    segments = [s.model_copy(update={"loss_mask": [0] * len(s.token_ids),
+                                     "logprobs": [None] * len(s.token_ids)}) for s in t.segments]
     return t.model_copy(update={
         "token_ids": ids, "loss_mask": [0] * len(ids), "logprobs": [None] * len(ids),
-        "reward": 0.0, "usable": False,
+        "reward": 0.0, "usable": False, "segments": segments,
         "reward_info": {**t.reward_info, "masked": True},
     })
 

@@ -20,6 +20,15 @@ first item of a turn carries ``prompt_token_ids = T.token_ids[:turn.start]``,
 later items of the same turn carry empty lists, so NeMo-RL's contiguity check holds), then
 the tool results as ``function_call_output`` items (no ids); ``reward``; ``mask_sample``;
 ``failure_kind`` / ``failure_reason`` from the trajectory's error.
+
+**Segments** (harness-driven rollouts whose harness rewrote its history): one ``/run`` is one
+sample, and NeMo-RL turns its ``output`` into one message log whose every item must extend all
+the ids before it ("Non-contiguous messages found!" otherwise), so segments cannot follow one
+another in one answer. The answer is the rollout's LAST segment: its calls
+(``turn.segment``), with token ids from that segment, and the assistant messages matched to
+them from the end of ``T.messages``. ``response.metadata`` (the Responses object's string map)
+records ``rolloutd_segments`` (how many the rollout had) and ``rolloutd_segments_left_out``
+(how many are not trained on): ``"1"`` and ``"0"`` for a built-in-loop rollout.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from typing import Any
 
 from rolloutd.daemon.client import AsyncClient
 from rolloutd.daemon.trajectory import Trajectory
-from rolloutd.trainers._common import arun_group
+from rolloutd.trainers._common import arun_group, last_sequence, segment_info
 
 RUN_FIELDS = ("responses_create_params", "agent_ref", "_ng_rollout_id", "_ng_task_index",
               "_ng_rollout_index")
@@ -103,8 +112,10 @@ def _tail_len(t: Trajectory) -> int:
     return len(t.messages)
 
 
-def verify_response(t: Trajectory, params: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``BaseVerifyResponse`` dict for one trajectory."""
+def verify_response(rollout: Trajectory, params: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``BaseVerifyResponse`` dict for one trajectory: its last sequence (see the module doc)."""
+    t, left_out = last_sequence(rollout)
+    info = segment_info(rollout, left_out)
     status = "completed" if t.usable else ("failed" if t.error else "incomplete")
     response = {
         "id": f"resp_{t.id}", "object": "response", "created_at": int(time.time()),
@@ -112,6 +123,8 @@ def verify_response(t: Trajectory, params: Mapping[str, Any]) -> dict[str, Any]:
         "parallel_tool_calls": True, "tool_choice": "auto", "tools": list(params.get("tools") or []),
         "usage": {"input_tokens": t.turns[0].start if t.turns else len(t.token_ids),
                   "output_tokens": sum(t.loss_mask), "total_tokens": len(t.token_ids)},
+        "metadata": {"rolloutd_segments": str(info["segments"]),
+                     "rolloutd_segments_left_out": str(info["segments_left_out"])},
     }
     body: dict[str, Any] = {"responses_create_params": dict(params), "response": response,
                             "reward": float(t.reward or 0.0), "mask_sample": not t.usable}

@@ -21,8 +21,25 @@ then masked (``loss_masks`` all 0, reward 0), so the output has exactly one row 
 ``trajectory_ids``               echoed
 ``trajectory_generation_times``  ``T.timing.total_s``
 ``trajectory_time_splits``       ``{"llm": [T.timing.llm_s], "env": [T.timing.tool_s]}``
-``rollout_metrics``              reward mean, resubmitted and masked counts, policy versions
+``rollout_metrics``              reward mean, resubmitted and masked counts, policy
+                                 versions, ``rolloutd/segments`` and
+                                 ``rolloutd/segments_left_out``
+``is_last_step``                 step-wise mode only (below)
 ===============================  ==================================================
+
+**Segments** (harness-driven rollouts whose harness rewrote its history). SkyRL's step-wise
+training (``generator.step_wise_trajectories=true``) takes a variable number of rows per
+trajectory, made for exactly this (context management that breaks the appending history):
+rows of one trajectory are adjacent and share its ``trajectory_ids`` entry, ``is_last_step``
+marks the last, and the advantage is computed on the last row and broadcast to the others.
+With ``RolloutdGenerator(..., step_wise=True)`` (set it together with that flag) each
+segment is a row (``T`` above is the segment, ``P`` its ``prompt_length``), each with the
+rollout's reward, ``trajectory_ids`` entry, time and stop reason of its last call, so no
+sampled token is lost; a built-in-loop rollout is one row with ``is_last_step`` true.
+Without step-wise mode SkyRL requires exactly one row per input row, so a row is the
+rollout's LAST segment and ``rollout_metrics["rolloutd/segments_left_out"]`` counts the
+segments not trained on (``rolloutd/segments`` counts them all). Default: ``step_wise=False``
+(as SkyRL's), with an output unchanged for built-in-loop rollouts but for the two metrics.
 """
 
 from __future__ import annotations
@@ -34,7 +51,15 @@ import anyio
 
 from rolloutd.daemon.client import AsyncClient
 from rolloutd.daemon.trajectory import Trajectory
-from rolloutd.trainers._common import GroupResult, arun_group, boundary, versions, zeros_for_null
+from rolloutd.trainers._common import (
+    GroupResult,
+    arun_group,
+    boundary,
+    last_sequence,
+    sequence_views,
+    versions,
+    zeros_for_null,
+)
 
 TaskFn = Callable[[Any, Any, Mapping[str, Any]], Mapping[str, Any]]
 
@@ -52,11 +77,26 @@ def _instance(tid: Any, i: int) -> str:
     return str(getattr(tid, "instance_id", None) or (tid.get("instance_id") if isinstance(tid, Mapping) else tid))
 
 
-def generator_output(trajs: list[Trajectory], trajectory_ids: list[Any] | None, *,
-                     per_token_rewards: bool = False, groups: Sequence[GroupResult] = ()) -> dict[str, Any]:
-    """``GeneratorOutput`` for trajectories in input order (see the module table)."""
+def generator_output(rollouts: list[Trajectory], trajectory_ids: list[Any] | None, *,
+                     per_token_rewards: bool = False, groups: Sequence[GroupResult] = (),
+                     step_wise: bool = False) -> dict[str, Any]:
+    """``GeneratorOutput`` for trajectories in input order (see the module table): one row
+    per sequence in step-wise mode, else one row (the last sequence) per trajectory."""
     out: dict[str, Any] = {k: [] for k in ("prompt_token_ids", "response_ids", "loss_masks",
                                            "rollout_logprobs", "rewards", "stop_reasons")}
+    trajs: list[Trajectory] = []  # the rows' views, in row order
+    owner: list[int] = []  # the input row each output row belongs to
+    is_last: list[bool] = []
+    left_out = 0
+    for i, rollout in enumerate(rollouts):
+        if step_wise:
+            views = sequence_views(rollout)
+        else:
+            view, n = last_sequence(rollout)
+            views, left_out = [view], left_out + n
+        trajs += views
+        owner += [i] * len(views)
+        is_last += [False] * (len(views) - 1) + [True]
     for t in trajs:
         p = boundary(t)
         response, mask = list(t.token_ids[p:]), list(t.loss_mask[p:])
@@ -73,9 +113,11 @@ def generator_output(trajs: list[Trajectory], trajectory_ids: list[Any] | None, 
         else:
             out["rewards"].append(reward)
         out["stop_reasons"].append(t.turns[-1].finish_reason if t.turns else (t.finish_reason or "error"))
-    rewards = [float(t.reward or 0.0) for t in trajs]
+    rewards = [float(t.reward or 0.0) for t in rollouts]  # per trajectory, not per row
     lows = [v for v in (versions(t)[0] for t in trajs) if v is not None]
-    out["trajectory_ids"] = trajectory_ids
+    out["trajectory_ids"] = [trajectory_ids[i] for i in owner] if trajectory_ids is not None else None
+    if step_wise:
+        out["is_last_step"] = is_last
     out["trajectory_generation_times"] = [t.timing.total_s for t in trajs]
     out["trajectory_time_splits"] = {"llm": [t.timing.llm_s for t in trajs], "env": [t.timing.tool_s for t in trajs]}
     out["rollout_metrics"] = {
@@ -83,6 +125,8 @@ def generator_output(trajs: list[Trajectory], trajectory_ids: list[Any] | None, 
         "rolloutd/resubmitted": sum(g.resubmitted for g in groups),
         "rolloutd/masked": sum(len(g.masked) for g in groups),
         "rolloutd/policy_version_min": min(lows) if lows else None,
+        "rolloutd/segments": sum(max(1, len(t.segments)) for t in rollouts),
+        "rolloutd/segments_left_out": left_out,
     }
     return out
 
@@ -92,11 +136,12 @@ class RolloutdGenerator:
     it where SkyRL expects a generator: SkyRL only calls ``generate``)."""
 
     def __init__(self, rolloutd_url: str, *, task_fn: TaskFn = default_task, max_resubmits: int = 2,
-                 per_token_rewards: bool = False, **options: Any) -> None:
+                 per_token_rewards: bool = False, step_wise: bool = False, **options: Any) -> None:
         self.url = rolloutd_url
         self.task_fn = task_fn
         self.max_resubmits = max_resubmits
         self.per_token_rewards = per_token_rewards
+        self.step_wise = step_wise  # SkyRL's generator.step_wise_trajectories
         self.options = options
 
     async def generate(self, input_batch: Mapping[str, Any]) -> dict[str, Any]:
@@ -131,4 +176,5 @@ class RolloutdGenerator:
         done = [t for t in trajs if t is not None]
         assert len(done) == len(prompts)
         return generator_output(done, list(tids) if tids is not None else None,
-                                per_token_rewards=self.per_token_rewards, groups=groups)
+                                per_token_rewards=self.per_token_rewards, groups=groups,
+                                step_wise=self.step_wise)

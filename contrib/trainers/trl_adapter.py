@@ -19,8 +19,16 @@ its samples share a backend and form one GRPO group. Per row (``P`` = the prompt
 ``logprobs``       ``T.logprobs[P:]``, null (observation tokens) as 0.0
 ``env_mask``       ``T.loss_mask[P:]``: TRL trains only where it is 1
 ``env_reward``     ``T.reward``: :func:`env_reward` is the reward function that returns it
-extras             ``rolloutd_id``, ``usable``, ``num_turns``, ``policy_version_min``/``_max``
+extras             ``rolloutd_id``, ``usable``, ``num_turns``, ``policy_version_min``/``_max``,
+                   ``segments``, ``segments_left_out``
 =================  ===========================================================
+
+**Segments** (harness-driven rollouts whose harness rewrote its history): TRL takes exactly
+one completion per prompt entry (it scores ``inputs`` and reshapes rewards to
+``(-1, num_generations)``), so a row is the rollout's LAST segment (``T`` above is that
+segment, ``P`` its ``prompt_length``, the versions its calls'), and the row records
+``segments`` (how many the rollout had) and ``segments_left_out`` (how many are not trained
+on). A built-in-loop rollout has ``segments`` 1 and ``segments_left_out`` 0.
 
 Do not pass ``tools=`` to the trainer: TRL's own tool loop would replace ``env_mask``. Unusable
 samples are resubmitted, and masked (``env_mask`` all 0, reward 0) if they stay unusable, so
@@ -39,18 +47,22 @@ from rolloutd.daemon.client import Client
 from rolloutd.daemon.trajectory import Trajectory
 from rolloutd.trainers._common import (
     boundary,
+    last_sequence,
     run_group,
+    segment_info,
     task_from_prompt,
     versions,
     zeros_for_null,
 )
 
 ROW_KEYS = ("prompt_ids", "completion_ids", "logprobs", "env_mask", "env_reward", "rolloutd_id",
-            "usable", "num_turns", "policy_version_min", "policy_version_max")
+            "usable", "num_turns", "policy_version_min", "policy_version_max", "segments",
+            "segments_left_out")
 
 
-def trl_row(t: Trajectory) -> dict[str, Any]:
-    """One TRL row from one trajectory (see the module table)."""
+def trl_row(rollout: Trajectory) -> dict[str, Any]:
+    """One TRL row from one trajectory: its last sequence (see the module table)."""
+    t, left_out = last_sequence(rollout)
     p = boundary(t)
     lo, hi = versions(t)
     completion = list(t.token_ids[p:])
@@ -68,6 +80,7 @@ def trl_row(t: Trajectory) -> dict[str, Any]:
         "num_turns": len(t.turns),
         "policy_version_min": lo,
         "policy_version_max": hi,
+        **segment_info(rollout, left_out),
     }
 
 

@@ -22,8 +22,17 @@ rolloutd's environment; :func:`agent_loop_output` is tested against the publishe
 ``reward_score``       ``T.reward`` (verl puts it on the last response token)
 ``num_turns``          user + assistant + tool messages
 ``metrics``            ``generate_sequences = T.timing.llm_s``, ``tool_calls = T.timing.tool_s``
-``extra_fields``       ``rolloutd_id``, ``usable``, ``reward_info``, ``param_version_start``/``_end``
+``extra_fields``       ``rolloutd_id``, ``usable``, ``reward_info``, ``param_version_start``/``_end``,
+                       ``segments``, ``segments_left_out``
 =====================  ===========================================================
+
+**Segments** (harness-driven rollouts whose harness rewrote its history): verl's agent loop
+returns exactly one ``AgentLoopOutput`` per sample (``run()`` is awaited once per sample and
+the outputs are stacked into one batch row each), so the output is the rollout's LAST segment
+(``T`` above is that segment, ``P`` its ``prompt_length``, the param versions its calls').
+``extra_fields`` records ``segments`` (how many the rollout had) and ``segments_left_out``
+(how many are not trained on); every sample carries both keys (1 and 0 for a built-in-loop
+rollout), as verl stacks ``extra_fields`` key by key.
 
 An unusable sample is resubmitted; if it stays unusable its ``response_mask`` is all 0
 (verl cannot drop one sample of a group).
@@ -37,7 +46,14 @@ from typing import Any
 
 from rolloutd.daemon.client import AsyncClient
 from rolloutd.daemon.trajectory import Trajectory
-from rolloutd.trainers._common import arun_group, boundary, versions, zeros_for_null
+from rolloutd.trainers._common import (
+    arun_group,
+    boundary,
+    last_sequence,
+    segment_info,
+    versions,
+    zeros_for_null,
+)
 
 try:  # pragma: no cover - verl is not installed in rolloutd's environment
     from verl.experimental.agent_loop.agent_loop import (  # type: ignore[import-not-found]
@@ -58,8 +74,9 @@ except ImportError:  # the same interface, so the module imports (and is tested)
             self.processor = processor
 
 
-def agent_loop_output(t: Trajectory, *, response_length: int | None = None) -> dict[str, Any]:
-    """The ``AgentLoopOutput`` fields for one trajectory (see the module table)."""
+def agent_loop_output(rollout: Trajectory, *, response_length: int | None = None) -> dict[str, Any]:
+    """The ``AgentLoopOutput`` fields for one trajectory: its last sequence (see the module table)."""
+    t, left_out = last_sequence(rollout)
     p = boundary(t)
     cut = slice(p, p + response_length if response_length is not None else None)
     lo, hi = versions(t)
@@ -76,7 +93,8 @@ def agent_loop_output(t: Trajectory, *, response_length: int | None = None) -> d
         "num_turns": sum(1 for m in t.messages if m.get("role") in ("user", "assistant", "tool")),
         "metrics": {"generate_sequences": t.timing.llm_s, "tool_calls": t.timing.tool_s, "num_preempted": 0},
         "extra_fields": {"rolloutd_id": t.id, "usable": t.usable, "reward_info": dict(t.reward_info),
-                         "param_version_start": lo, "param_version_end": hi},
+                         "param_version_start": lo, "param_version_end": hi,
+                         **segment_info(rollout, left_out)},
     }
 
 
