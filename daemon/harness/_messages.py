@@ -3,7 +3,7 @@
 A *canonical message* is a dict: ``role`` (``system``, ``user``, ``assistant``, ``tool``),
 ``content`` (text) and, for an assistant, ``tool_calls`` (``[{"name", "arguments"}]``, the
 arguments a JSON object, or the raw string when the harness sent one that is not). OpenAI
-chat messages and Anthropic messages both read into it; :func:`same_message` says whether a
+chat messages and Anthropic messages both read into it; :func:`same_history` (over :func:`message_key`) says whether a
 message the harness sends back is the one rolloutd answered (ids, whitespace at the ends and
 argument formatting aside), which is what lets a call reuse the exact sampled ids.
 
@@ -38,8 +38,8 @@ def _text_parts(content: Any, where: str) -> str:
             if isinstance(part, str):
                 out.append(part)
                 continue
-            if not isinstance(part, Mapping) or part.get("type") not in ("text", "input_text"):
-                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+            if not isinstance(part, dict) or part.get("type") not in ("text", "input_text"):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise _bad(f"{where}[{i}]: only text content is supported, not {kind!r}", where)
             text = part.get("text")
             if not isinstance(text, str):
@@ -69,7 +69,7 @@ def openai_messages(raw: Any) -> list[Message]:
     out: list[Message] = []
     for i, m in enumerate(raw):
         where = f"messages[{i}]"
-        if not isinstance(m, Mapping):
+        if not isinstance(m, dict):
             raise _bad(f"{where} must be an object", where)
         role = m.get("role")
         if role == "developer":
@@ -86,8 +86,8 @@ def openai_messages(raw: Any) -> list[Message]:
                 raise _bad(f"{where}.tool_calls must be a list", where)
             msg["tool_calls"] = []
             for j, call in enumerate(calls):
-                fn = call.get("function") if isinstance(call, Mapping) else None
-                if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+                fn = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
                     raise _bad(f"{where}.tool_calls[{j}] needs function.name", where)
                 msg["tool_calls"].append({"name": fn["name"], "arguments": _arguments(fn.get("arguments"))})
         if role == "tool" and isinstance(m.get("name"), str):
@@ -103,8 +103,8 @@ def openai_tools(raw: Any) -> list[dict[str, Any]]:
         raise _bad("tools must be a list", "tools")
     out = []
     for i, tool in enumerate(raw):
-        fn = tool.get("function") if isinstance(tool, Mapping) else None
-        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise _bad(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", "tools")
         out.append({"type": "function", "function": dict(fn)})
     return out
@@ -122,7 +122,7 @@ def anthropic_messages(system: Any, raw: Any) -> list[Message]:
         raise _bad("messages must be a non-empty list", "messages")
     for i, m in enumerate(raw):
         where = f"messages[{i}]"
-        if not isinstance(m, Mapping) or m.get("role") not in ("user", "assistant"):
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
             raise _bad(f"{where} must be an object with role user or assistant", where)
         role, content = m["role"], m.get("content")
         if isinstance(content, str):
@@ -133,7 +133,7 @@ def anthropic_messages(system: Any, raw: Any) -> list[Message]:
         texts: list[str] = []
         calls: list[dict[str, Any]] = []
         for j, block in enumerate(content):
-            kind = block.get("type") if isinstance(block, Mapping) else None
+            kind = block.get("type") if isinstance(block, dict) else None
             bwhere = f"{where}.content[{j}]"
             if kind == "text":
                 texts.append(_text_parts(block.get("text"), f"{bwhere}.text"))
@@ -167,7 +167,7 @@ def anthropic_tools(raw: Any) -> list[dict[str, Any]]:
         raise _bad("tools must be a list", "tools")
     out = []
     for i, tool in enumerate(raw):
-        if not isinstance(tool, Mapping) or not isinstance(tool.get("name"), str):
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
             raise _bad(f"tools[{i}] needs a name", "tools")
         fn = {"name": tool["name"], "parameters": tool.get("input_schema") or {"type": "object"}}
         if isinstance(tool.get("description"), str):
@@ -178,22 +178,19 @@ def anthropic_tools(raw: Any) -> list[dict[str, Any]]:
 
 # ---- comparison and templates ---------------------------------------------------------------
 
-def _key(m: Mapping[str, Any]) -> tuple[Any, ...]:
-    calls = tuple(
-        (c.get("name"), json.dumps(c.get("arguments"), sort_keys=True, ensure_ascii=False))
-        for c in m.get("tool_calls") or ()
-    )
-    return m.get("role"), (m.get("content") or "").strip(), calls
+def message_key(m: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What identifies a message for :func:`same_history` (computed once per message)."""
+    calls = m.get("tool_calls")
+    if calls:
+        return m.get("role"), (m.get("content") or "").strip(), tuple(
+            (c.get("name"), json.dumps(c.get("arguments"), sort_keys=True, ensure_ascii=False))
+            for c in calls)
+    return m.get("role"), (m.get("content") or "").strip()
 
 
-def same_message(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    return _key(a) == _key(b)
-
-
-def same_history(history: Sequence[Mapping[str, Any]], messages: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether ``messages`` starts with ``history``."""
-    return len(messages) >= len(history) and all(
-        same_message(a, b) for a, b in zip(history, messages, strict=False))
+def same_history(history: Sequence[tuple[Any, ...]], keys: Sequence[tuple[Any, ...]]) -> bool:
+    """Whether messages with ``keys`` start with the ``history`` (both :func:`message_key`)."""
+    return len(keys) >= len(history) and all(a == b for a, b in zip(history, keys, strict=False))
 
 
 def tools_key(tools: Sequence[Mapping[str, Any]]) -> str:

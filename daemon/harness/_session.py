@@ -38,6 +38,7 @@ import trio
 from rolloutd.daemon.harness._errors import ApiError
 from rolloutd.daemon.harness._messages import (
     Message,
+    message_key,
     same_history,
     template_messages,
     tools_key,
@@ -68,7 +69,7 @@ class _History:
     """What a segment's last chat call saw and answered (for incremental rendering)."""
 
     segment: int
-    messages: list[Message]
+    keys: list[tuple[Any, ...]]  # message_key of each message, the reply included
     tools: str
     ids: list[int]
     sampled: list[int] = field(default_factory=list)
@@ -102,7 +103,8 @@ class Session:
 
     async def chat(self, messages: list[Message], tools: list[dict[str, Any]], *,
                    max_tokens: int | None) -> Chat:
-        prompt = self._chat_prompt(messages, tools)
+        keys = [message_key(m) for m in messages]
+        prompt = self._chat_prompt(messages, keys, tools)
         c, segment = await self._sample(prompt, max_tokens)
         text = self.renderer.turn_text(c.token_ids)
         parsed = self.parser(text) if tools else ParsedTurn(content=text)
@@ -110,7 +112,8 @@ class Session:
         if parsed.calls:
             reply["tool_calls"] = [{"name": call.name, "arguments": call.arguments}
                                    for call in parsed.calls]
-        self._remember(_History(segment, [*messages, reply], tools_key(tools), prompt, c.token_ids))
+        self._remember(_History(segment, [*keys, message_key(reply)], tools_key(tools), prompt,
+                                c.token_ids))
         self.trajectory.messages = template_messages([*messages, reply], knows_tools=True)
         self.final_text = reply["content"]
         return Chat(c, prompt, text, parsed, reply)
@@ -122,12 +125,13 @@ class Session:
 
     # ---- prompts ----------------------------------------------------------------------------
 
-    def _chat_prompt(self, messages: list[Message], tools: list[dict[str, Any]]) -> list[int]:
+    def _chat_prompt(self, messages: list[Message], keys: list[tuple[Any, ...]],
+                     tools: list[dict[str, Any]]) -> list[int]:
         key = tools_key(tools)
         for h in reversed(self._histories):
-            if h.tools != key or len(messages) <= len(h.messages) or not same_history(h.messages, messages):
+            if h.tools != key or len(keys) <= len(h.keys) or not same_history(h.keys, keys):
                 continue
-            delta = self._delta(messages[len(h.messages):])
+            delta = self._delta(messages[len(h.keys):])
             if delta is None:
                 break
             return [*h.ids, *h.sampled, *self.renderer.close_turn(h.sampled), *delta]

@@ -1,0 +1,181 @@
+"""The per-rollout agent endpoint: what it adds per LLM call, and one harness-driven rollout.
+
+A real Node pipeline with real bwrap sandboxes (local where bwrap is missing) and the
+scripted backend (a labelled TEST DOUBLE: zero latency, so the figure is the proxy's own):
+
+1. **Proxy overhead.** A client inside the sandbox (stdlib ``http.client``, one keep-alive
+   connection, so the client's own cost stays small) makes ``--calls`` chat calls through the
+   endpoint, each resending the history with one more user turn, as harnesses do. Each
+   call's latency as the client sees it minus the time the daemon spent in
+   ``BackendPool.complete`` for it (``Turn.llm_s``, the anchor: calling the backend directly)
+   is what the endpoint adds: the loopback relay, HTTP, rendering the messages, parsing the
+   reply, recording the tokens. Target: p50 <= 2 ms.
+2. **A harness-driven rollout end to end.** The same client rewrites its history once (a new
+   segment), resends it unchanged otherwise (merged calls), and the rollout is evaluated.
+   Every call's recorded ids and logprobs are compared with what the backend returned.
+
+    .venv/bin/python bench/agent_proxy.py            # about 30 s on 2 cores
+
+Ends with: RESULT proxy_overhead_p50_ms=F segments_exact=0|1
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from rolloutd.daemon.config import Settings
+from rolloutd.daemon.llm.base import Completion, SamplingParams
+from rolloutd.daemon.llm.chat import embedded_renderer
+from rolloutd.daemon.llm.pool import BackendPool
+from rolloutd.daemon.llm.scripted import ScriptedBackend
+from rolloutd.daemon.node import Node
+from rolloutd.daemon.pipeline import Services
+from rolloutd.daemon.service import RolloutRequest
+from rolloutd.daemon.trajectory import Trajectory
+from rolloutd.sandbox import SandboxSupervisor
+
+BACKEND = "bwrap" if shutil.which("bwrap") else "local"
+
+CLIENT = """
+    import http.client, json, os, sys, time
+    from urllib.parse import urlsplit
+    url = urlsplit(os.environ["OPENAI_BASE_URL"])
+    conn = http.client.HTTPConnection(url.hostname, url.port)  # one keep-alive connection
+    headers = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+               "Content-Type": "application/json"}
+    msgs = [{"role": "user", "content": "What is 1+1?"}]
+    def call():
+        conn.request("POST", url.path + "/chat/completions", json.dumps({"model": "m", "messages": msgs}),
+                     headers)
+        reply = json.loads(conn.getresponse().read())["choices"][0]["message"]
+        msgs.extend([reply, {"role": "user", "content": "Again."}])  # a harness resends its history
+    call()  # warm
+    lat = []
+    for _ in range(int(sys.argv[1])):
+        t = time.perf_counter()
+        call()
+        lat.append(time.perf_counter() - t)
+    print("LAT " + json.dumps(lat), flush=True)
+"""
+
+ROLLOUT = """
+    import openai
+    client = openai.OpenAI()
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Think."}])
+    msgs = [{"role": "system", "content": "Summary: you thought."},
+            {"role": "user", "content": "What is 1+1?"}]
+    for question in ("Sure?", "Final answer?", None):
+        r = client.chat.completions.create(model="m", messages=msgs)
+        msgs.append({"role": "assistant", "content": r.choices[0].message.content})
+        if question:
+            msgs.append({"role": "user", "content": question})
+    print("ANSWER", r.choices[0].message.content)
+"""
+
+
+class Recording(ScriptedBackend):
+    """TEST DOUBLE: the scripted backend, keeping every (prompt, completion) it answered."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.log: list[tuple[list[int], Completion]] = []
+
+    async def complete(self, prompt_ids: Sequence[int], params: SamplingParams, *,
+                       max_tokens: int) -> Completion:
+        c = await super().complete(prompt_ids, params, max_tokens=max_tokens)
+        self.log.append((list(prompt_ids), c))
+        return c
+
+
+def exact(t: Trajectory, log: list[tuple[list[int], Completion]]) -> bool:
+    if len(t.turns) != len(log) or not t.segments:
+        return False
+    for turn, (prompt, c) in zip(t.turns, log, strict=True):
+        seg = t.segments[turn.segment or 0]
+        if (seg.token_ids[: turn.start] != prompt or seg.token_ids[turn.start:turn.end] != c.token_ids
+                or seg.logprobs[turn.start:turn.end] != c.logprobs
+                or seg.loss_mask[turn.start:turn.end] != [1] * len(c.token_ids)):
+            return False
+    return True
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+async def main(calls: int) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="rb-"))
+    renderer = await trio.to_thread.run_sync(embedded_renderer)
+    try:
+        async with trio.open_nursery() as nursery:
+            settings = Settings(state_dir=tmp / "state", cache_dir=tmp / "cache", port=0, n_init=2,
+                                n_run=2, n_eval=2, queue_size=16, sandbox_backend=BACKEND)
+            supervisor = SandboxSupervisor(default_backend=BACKEND, state_dir=tmp / "sb", boot_id="bench")
+            await nursery.start(supervisor.run)
+            pool = BackendPool(health_interval_s=60.0, request_timeout_s=60.0)
+            await nursery.start(pool.run)
+
+            async def get_renderer() -> Any:
+                return renderer
+
+            node = Node(settings, services=Services(supervisor=supervisor, pool=pool, renderer=get_renderer))
+            await nursery.start(node.pipeline.run)
+            node.ready = True
+
+            async def run(script: str, replies: list[str], **limits: Any) -> tuple[Trajectory, Recording]:
+                backend = Recording(renderer, replies)
+                bid = pool.add(backend, backend_id="scripted")
+                task = {"kind": "math", "question": "What is 1+1?", "answer": "2",
+                        "agent": {"command": [sys.executable, "-c", textwrap.dedent(script), str(calls)]}}
+                job = node.submit(RolloutRequest(task=task, timeout_s=300, limits=limits)).jobs[0]
+                await job.done.wait()
+                await pool.remove(bid)
+                return job.trajectory, backend
+
+            t, _ = await run(CLIENT, ["The answer is 2."], max_turns=calls + 5, max_total_tokens=10**6)
+            out = t.harness.output_tail if t.harness else ""
+            line = next((x for x in out.splitlines() if x.startswith("LAT ")), None)
+            if line is None:
+                raise SystemExit(f"the client failed: {t.status} {t.error} {out[-2000:]}")
+            import json
+
+            client = json.loads(line[4:])
+            direct = [turn.llm_s for turn in t.turns[1:]]  # the first call warmed up
+            overhead = [(a - b) * 1000 for a, b in zip(client, direct, strict=True)]
+
+            t2, rec = await run(ROLLOUT, ["Hmm.", "Maybe 2.", "I think 2.", "The answer is 2."])
+            ok = exact(t2, rec.log)
+            nursery.cancel_scope.cancel()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    print(f"\nper-call latency over {calls} chat calls ({BACKEND} sandbox, scripted backend, 1 connection)")
+    print(f"{'':28}{'p50 ms':>10}{'p95 ms':>10}{'mean ms':>10}")
+    for name, xs in (("client sees", [x * 1000 for x in client]), ("backend (direct, anchor)", [x * 1000 for x in direct]),
+                     ("endpoint adds", overhead)):
+        print(f"{name:28}{statistics.median(xs):10.3f}{pct(xs, 0.95):10.3f}{statistics.fmean(xs):10.3f}")
+    info = t2.harness
+    print(f"\nharness-driven rollout: status={t2.status.value} reward={t2.reward} calls={info.calls if info else 0} "
+          f"merged={info.merged_calls if info else 0} segments={len(t2.segments)} "
+          f"run_s={t2.timing.run_s:.2f} exact={ok}")
+    p50 = statistics.median(overhead)
+    print(f"target proxy_overhead_p50_ms <= 2: {'met' if p50 <= 2 else 'MISSED'} ({p50:.3f} ms)")
+    print(f"RESULT proxy_overhead_p50_ms={p50:.3f} segments_exact={int(ok)}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=200)
+    args = parser.parse_args()
+    trio.run(main, args.calls)
