@@ -326,3 +326,55 @@ async def test_bad_agent_is_refused_at_submit(harness: Harness, agent: dict[str,
     with pytest.raises(DaemonError, match="agent"):
         harness.node.submit(RolloutRequest(task={"kind": "math", "question": "q", "answer": "1",
                                                  "agent": agent}))
+
+
+TINY_AGENT = '''
+import json, os, urllib.request
+
+def main():
+    req = urllib.request.Request(
+        os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+        data=json.dumps({"model": "m", "messages": [{"role": "user", "content": "1+1?"}]}).encode(),
+        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+                 "Content-Type": "application/json"})
+    reply = json.load(urllib.request.urlopen(req))
+    print("TINY", reply["choices"][0]["message"]["content"])
+'''
+
+
+@pytest.fixture(scope="module")
+def tiny_wheels(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A directory holding one wheel: a minimal harness with a console script, built here."""
+    import subprocess
+
+    src = tmp_path_factory.mktemp("tinyagent")
+    (src / "tinyagent.py").write_text(TINY_AGENT)
+    (src / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "tinyagent"\nversion = "0.1"\n'
+        '[project.scripts]\ntinyagent = "tinyagent:main"\n'
+        '[tool.setuptools]\npy-modules = ["tinyagent"]\n')
+    out = tmp_path_factory.mktemp("wheels")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "--no-index", "-w", str(out), str(src)], check=True, capture_output=True)
+    return str(out)
+
+
+async def test_harness_installed_from_a_wheel_dir_at_init(harness: Harness, tiny_wheels: str) -> None:
+    await policy(harness, ["The answer is 2."])
+    agent = {"command": ["tinyagent"],
+             "install": {"wheels": tiny_wheels, "packages": ["tinyagent"], "python": sys.executable}}
+    t = await harness.run({"kind": "math", "question": "What is 1+1?", "answer": "2", "agent": agent})
+    assert t.status is Status.completed, (t.error, t.harness)
+    assert t.harness is not None and "TINY The answer is 2." in t.harness.output_tail
+    assert t.reward == 1.0
+
+
+async def test_a_failed_install_fails_the_rollout_in_init(harness: Harness, tmp_path: Any) -> None:
+    await policy(harness, ["The answer is 2."])
+    agent = {"command": ["tinyagent"],
+             "install": {"wheels": str(tmp_path), "packages": ["tinyagent"], "python": sys.executable}}
+    t = await harness.run({"kind": "math", "question": "What is 1+1?", "answer": "2", "agent": agent})
+    assert t.status is Status.failed and t.error is not None
+    assert (t.error.stage, t.error.type) == ("init", "HarnessError"), t.error
+    assert "agent install failed" in t.error.message
