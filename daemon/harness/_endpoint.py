@@ -22,6 +22,7 @@ from rolloutd.daemon.harness import _anthropic, _openai
 from rolloutd.daemon.harness._errors import ApiError
 from rolloutd.daemon.harness._http import Request, Response
 from rolloutd.daemon.harness._session import Session
+from rolloutd.daemon.llm.openai_api import RequestError
 
 Route = Callable[[Session, Mapping[str, Any], str], Awaitable[Response]]
 
@@ -71,7 +72,10 @@ class Endpoint:
         if not isinstance(body, dict):
             return Response(400, shape(ApiError(400, "the body must be a JSON object")))
         try:
-            return await route(self.session, body, self.model)
+            try:
+                return await route(self.session, body, self.model)
+            except RequestError as exc:  # a request the shared OpenAI shapes refuse
+                raise ApiError(exc.status, exc.message, param=exc.param) from None
         except ApiError as exc:
             if exc.status == 400 and exc.code == "rollout_budget_exhausted":
                 self.session.info.refused_calls += 1

@@ -9,6 +9,10 @@ argument formatting aside), which is what lets a call reuse the exact sampled id
 
 Tools are kept in OpenAI's shape (``{"type": "function", "function": {...}}``), which is what
 the renderer puts into the prompt; Anthropic tools are converted to it.
+
+The OpenAI side (``openai_messages``, ``openai_tools``, ``template_messages``) is defined in
+:mod:`rolloutd.daemon.llm.openai_api`, shared with ``rolloutd model-server``, and re-exported
+here; the Anthropic side and the history comparison are the harness's own.
 """
 
 from __future__ import annotations
@@ -18,8 +22,27 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rolloutd.daemon.harness._errors import ApiError
+from rolloutd.daemon.llm.openai_api import (
+    Message,
+    RequestError,
+    openai_messages,
+    openai_tools,
+    template_messages,
+    text_parts,
+    tool_arguments,
+)
 
-Message = dict[str, Any]
+__all__ = [
+    "Message",
+    "anthropic_messages",
+    "anthropic_tools",
+    "message_key",
+    "openai_messages",
+    "openai_tools",
+    "same_history",
+    "template_messages",
+    "tools_key",
+]
 
 
 def _bad(message: str, param: str | None = None) -> ApiError:
@@ -27,87 +50,10 @@ def _bad(message: str, param: str | None = None) -> ApiError:
 
 
 def _text_parts(content: Any, where: str) -> str:
-    """Text of a content field: a string, null, or a list of text parts/blocks."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        out = []
-        for i, part in enumerate(content):
-            if isinstance(part, str):
-                out.append(part)
-                continue
-            if not isinstance(part, dict) or part.get("type") not in ("text", "input_text"):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise _bad(f"{where}[{i}]: only text content is supported, not {kind!r}", where)
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise _bad(f"{where}[{i}].text must be a string", where)
-            out.append(text)
-        return "".join(out)
-    raise _bad(f"{where} must be a string, null or a list of text parts", where)
-
-
-def _arguments(raw: Any) -> Any:
-    if isinstance(raw, Mapping):
-        return dict(raw)
-    if isinstance(raw, str):
-        try:
-            value = json.loads(raw) if raw.strip() else {}
-        except ValueError:
-            return raw
-        return value if isinstance(value, dict) else raw
-    return raw
-
-
-# ---- OpenAI ---------------------------------------------------------------------------------
-
-def openai_messages(raw: Any) -> list[Message]:
-    if not isinstance(raw, list) or not raw:
-        raise _bad("messages must be a non-empty list", "messages")
-    out: list[Message] = []
-    for i, m in enumerate(raw):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise _bad(f"{where} must be an object", where)
-        role = m.get("role")
-        if role == "developer":
-            role = "system"
-        elif role == "function":
-            role = "tool"
-        if role not in ("system", "user", "assistant", "tool"):
-            raise _bad(f"{where}.role must be system, developer, user, assistant or tool; got {role!r}",
-                       where)
-        msg: Message = {"role": role, "content": _text_parts(m.get("content"), f"{where}.content")}
-        if role == "assistant" and m.get("tool_calls"):
-            calls = m["tool_calls"]
-            if not isinstance(calls, list):
-                raise _bad(f"{where}.tool_calls must be a list", where)
-            msg["tool_calls"] = []
-            for j, call in enumerate(calls):
-                fn = call.get("function") if isinstance(call, dict) else None
-                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-                    raise _bad(f"{where}.tool_calls[{j}] needs function.name", where)
-                msg["tool_calls"].append({"name": fn["name"], "arguments": _arguments(fn.get("arguments"))})
-        if role == "tool" and isinstance(m.get("name"), str):
-            msg["name"] = m["name"]
-        out.append(msg)
-    return out
-
-
-def openai_tools(raw: Any) -> list[dict[str, Any]]:
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise _bad("tools must be a list", "tools")
-    out = []
-    for i, tool in enumerate(raw):
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise _bad(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", "tools")
-        out.append({"type": "function", "function": dict(fn)})
-    return out
+    try:
+        return text_parts(content, where)
+    except RequestError as exc:
+        raise ApiError(exc.status, exc.message, param=exc.param) from None
 
 
 # ---- Anthropic ------------------------------------------------------------------------------
@@ -142,7 +88,7 @@ def anthropic_messages(system: Any, raw: Any) -> list[Message]:
             elif kind == "tool_use" and role == "assistant":
                 if not isinstance(block.get("name"), str):
                     raise _bad(f"{bwhere}.name must be a string", where)
-                calls.append({"name": block["name"], "arguments": _arguments(block.get("input", {}))})
+                calls.append({"name": block["name"], "arguments": tool_arguments(block.get("input", {}))})
             elif kind == "tool_result" and role == "user":
                 result = block.get("content")
                 if isinstance(result, list):
@@ -195,29 +141,3 @@ def same_history(history: Sequence[tuple[Any, ...]], keys: Sequence[tuple[Any, .
 
 def tools_key(tools: Sequence[Mapping[str, Any]]) -> str:
     return json.dumps(list(tools), sort_keys=True)
-
-
-def hermes_call_text(call: Mapping[str, Any]) -> str:
-    return "<tool_call>\n" + json.dumps({"name": call["name"], "arguments": call["arguments"]},
-                                        ensure_ascii=False) + "\n</tool_call>"
-
-
-def template_messages(messages: Sequence[Mapping[str, Any]], *, knows_tools: bool) -> list[Message]:
-    """Messages as a chat template reads them: tool calls as the template's own ``tool_calls``
-    when it knows tools, else written into the content the way the model writes them
-    (hermes ``<tool_call>`` blocks)."""
-    out: list[Message] = []
-    for m in messages:
-        msg: Message = {"role": m["role"], "content": m.get("content") or ""}
-        calls = m.get("tool_calls") or []
-        if calls and knows_tools:
-            msg["tool_calls"] = [{"type": "function", "function": {"name": c["name"],
-                                                                   "arguments": c["arguments"]}}
-                                 for c in calls]
-        elif calls:
-            blocks = "\n".join(hermes_call_text(c) for c in calls)
-            msg["content"] = f"{msg['content']}\n{blocks}" if msg["content"] else blocks
-        if m["role"] == "tool" and m.get("name"):
-            msg["name"] = m["name"]
-        out.append(msg)
-    return out

@@ -4,37 +4,38 @@ Answers as the OpenAI API and vLLM do: ``usage`` counts the prompt and sampled t
 ``finish_reason`` is ``tool_calls`` / ``stop`` / ``length``, ``logprobs`` (when asked) carry
 each sampled token's logprob (``top_logprobs`` empty: only the sampled token's is known), and
 vLLM's ``return_token_ids`` adds ``prompt_token_ids`` and ``choices[0].token_ids``. A streamed
-call is sampled first, then sent as chunks (the backends answer whole completions).
+call is sampled first, then sent as chunks (the backends answer whole completions). The chat
+request and answer shapes are :mod:`rolloutd.daemon.llm.openai_api`'s, which ``rolloutd
+model-server`` serves too; what is the rollout endpoint's own is :func:`check_common` (fields it
+refuses) and that the session, not the request, chooses the sampling parameters.
 """
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from rolloutd.daemon.harness._errors import ApiError
 from rolloutd.daemon.harness._http import Response
-from rolloutd.daemon.harness._messages import openai_messages, openai_tools
 from rolloutd.daemon.harness._session import Session
-from rolloutd.daemon.llm.base import Completion
+from rolloutd.daemon.llm.openai_api import (
+    SSE_DONE,
+    RequestError,
+    chat_chunks,
+    chat_response,
+    check_flags,
+    int_field,
+    iterate,
+    parse_chat_request,
+    sse,
+    usage,
+)
 
 
 def error_body(exc: ApiError) -> dict[str, Any]:
     return {"error": {"message": str(exc), "type": exc.kind, "param": exc.param, "code": exc.code}}
-
-
-def _int_field(body: Mapping[str, Any], *names: str) -> int | None:
-    for name in names:
-        value = body.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ApiError(400, f"{name} must be a positive integer", param=name)
-        return value
-    return None
 
 
 def check_common(body: Mapping[str, Any]) -> None:
@@ -49,83 +50,21 @@ def check_common(body: Mapping[str, Any]) -> None:
     if body.get("prompt_logprobs"):
         raise ApiError(400, "prompt_logprobs is not served by the rollout endpoint",
                        param="prompt_logprobs")
-    for name in ("stream", "logprobs", "return_token_ids"):
-        if name in body and body[name] is not None and not isinstance(body[name], bool | int):
-            raise ApiError(400, f"{name} must be a boolean", param=name)
-
-
-def _logprob_content(session: Session, c: Completion) -> list[dict[str, Any]]:
-    pieces = session.renderer.token_pieces(c.token_ids)
-    return [{"token": p, "logprob": max(lp, -9999.0), "bytes": list(p.encode()), "top_logprobs": []}
-            for p, lp in zip(pieces, c.logprobs, strict=True)]
-
-
-def _finish(c: Completion, has_calls: bool) -> str:
-    if c.finish_reason == "length":
-        return "length"
-    return "tool_calls" if has_calls else "stop"
-
-
-def _usage(prompt: list[int], c: Completion) -> dict[str, int]:
-    return {"prompt_tokens": len(prompt), "completion_tokens": len(c.token_ids),
-            "total_tokens": len(prompt) + len(c.token_ids)}
-
-
-def _sse(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
-
-
-async def _chunks(items: list[bytes]) -> AsyncIterator[bytes]:
-    for item in items:
-        yield item
+    try:
+        check_flags(body)
+    except RequestError as exc:
+        raise ApiError(exc.status, exc.message, param=exc.param) from None
 
 
 async def chat_completions(session: Session, body: Mapping[str, Any], model: str) -> Response:
     check_common(body)
-    messages = openai_messages(body.get("messages"))
-    tools = [] if body.get("tool_choice") == "none" else openai_tools(body.get("tools"))
-    max_tokens = _int_field(body, "max_completion_tokens", "max_tokens")
-    chat = await session.chat(messages, tools, max_tokens=max_tokens)
-    c = chat.completion
-    calls = [{"id": f"call_{secrets.token_hex(12)}", "type": "function",
-              "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}
-             for call in chat.reply.get("tool_calls", [])]
-    content = chat.reply["content"]
-    message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
-    if calls:
-        message["tool_calls"] = calls
-    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": _finish(c, bool(calls)),
-                              "logprobs": {"content": _logprob_content(session, c)} if body.get("logprobs") else None}
-    ident, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
-    with_ids = bool(body.get("return_token_ids"))
-    if with_ids:
-        choice["token_ids"] = list(c.token_ids)
-    out: dict[str, Any] = {"id": ident, "object": "chat.completion", "created": created, "model": model,
-                           "choices": [choice], "usage": _usage(chat.prompt_ids, c)}
-    if with_ids:
-        out["prompt_token_ids"] = list(chat.prompt_ids)
-    if not body.get("stream"):
+    req = parse_chat_request(body)
+    chat = await session.chat(req.messages, req.tools, max_tokens=req.max_tokens)
+    out = chat_response(req, model=model, prompt_ids=chat.prompt_ids, completion=chat.completion,
+                        reply=chat.reply, renderer=session.renderer)
+    if not req.stream:
         return Response(200, out)
-    base = {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model}
-    first: dict[str, Any] = {"role": "assistant", "content": ""}
-    base_first = {**base, "prompt_token_ids": list(chat.prompt_ids)} if with_ids else base
-    items = [_sse({**base_first, "choices": [{"index": 0, "delta": first, "finish_reason": None}]})]
-    delta_choice: dict[str, Any] = {"index": 0, "delta": {}, "finish_reason": None}
-    if content:
-        delta_choice["delta"]["content"] = content
-    if calls:
-        delta_choice["delta"]["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
-    if choice["logprobs"] is not None:
-        delta_choice["logprobs"] = choice["logprobs"]
-    if with_ids:
-        delta_choice["token_ids"] = list(c.token_ids)
-    items.append(_sse({**base, "choices": [delta_choice]}))
-    items.append(_sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}))
-    options = body.get("stream_options")
-    if isinstance(options, Mapping) and options.get("include_usage"):
-        items.append(_sse({**base, "choices": [], "usage": out["usage"]}))
-    items.append(b"data: [DONE]\n\n")
-    return Response(200, stream=_chunks(items))
+    return Response(200, stream=iterate(chat_chunks(req, out)))
 
 
 def _prompt_ids(session: Session, prompt: Any) -> list[int]:
@@ -150,7 +89,7 @@ async def completions(session: Session, body: Mapping[str, Any], model: str) -> 
     if body.get("echo"):
         raise ApiError(400, "echo is not supported", param="echo")
     prompt = _prompt_ids(session, body.get("prompt"))
-    max_tokens = _int_field(body, "max_tokens") or 16  # the OpenAI default
+    max_tokens = int_field(body, "max_tokens") or 16  # the OpenAI default
     c = await session.complete(prompt, max_tokens=max_tokens)
     text = session.renderer.decode(c.token_ids)
     choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": "length" if c.finish_reason == "length" else "stop",
@@ -169,15 +108,15 @@ async def completions(session: Session, body: Mapping[str, Any], model: str) -> 
         choice["token_ids"] = list(c.token_ids)
     ident, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
     out: dict[str, Any] = {"id": ident, "object": "text_completion", "created": created, "model": model,
-                           "choices": [choice], "usage": _usage(prompt, c)}
+                           "choices": [choice], "usage": usage(prompt, c)}
     if with_ids:
         choice["prompt_token_ids"] = list(prompt)
     if not body.get("stream"):
         return Response(200, out)
-    items = [_sse({**out, "usage": None}), ]
+    items = [sse({**out, "usage": None}), ]
     options = body.get("stream_options")
     if isinstance(options, Mapping) and options.get("include_usage"):
-        items.append(_sse({"id": ident, "object": "text_completion", "created": created, "model": model,
+        items.append(sse({"id": ident, "object": "text_completion", "created": created, "model": model,
                            "choices": [], "usage": out["usage"]}))
-    items.append(b"data: [DONE]\n\n")
-    return Response(200, stream=_chunks(items))
+    items.append(SSE_DONE)
+    return Response(200, stream=iterate(items))

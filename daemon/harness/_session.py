@@ -36,14 +36,9 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from rolloutd.daemon.harness._errors import ApiError
-from rolloutd.daemon.harness._messages import (
-    Message,
-    message_key,
-    same_history,
-    template_messages,
-    tools_key,
-)
+from rolloutd.daemon.harness._messages import Message, message_key, same_history, tools_key
 from rolloutd.daemon.llm.base import BackendRejected, Completion, LLMError, SamplingParams
+from rolloutd.daemon.llm.openai_api import parse_reply, template_knows_tools, template_messages
 from rolloutd.daemon.llm.parsers import ParsedTurn, get_parser
 from rolloutd.daemon.trajectory import HarnessInfo, Segment, Trajectory, Turn
 
@@ -97,7 +92,7 @@ class Session:
         self.failed = trio.Event()  # set with ``fatal``: RUN stops the harness and fails
         self.final_text: str | None = None
         self._histories: list[_History] = []
-        self._knows_tools = "tools" in (getattr(renderer.tokenizer, "chat_template", None) or "")
+        self._knows_tools = template_knows_tools(renderer)
 
     # ---- the two kinds of call ----------------------------------------------------------
 
@@ -107,11 +102,7 @@ class Session:
         prompt = self._chat_prompt(messages, keys, tools)
         c, segment = await self._sample(prompt, max_tokens)
         text = self.renderer.turn_text(c.token_ids)
-        parsed = self.parser(text) if tools else ParsedTurn(content=text)
-        reply: Message = {"role": "assistant", "content": parsed.content if tools else text}
-        if parsed.calls:
-            reply["tool_calls"] = [{"name": call.name, "arguments": call.arguments}
-                                   for call in parsed.calls]
+        parsed, reply = parse_reply(text, tools, self.parser)
         self._remember(_History(segment, [*keys, message_key(reply)], tools_key(tools), prompt,
                                 c.token_ids))
         self.trajectory.messages = template_messages([*messages, reply], knows_tools=True)

@@ -1,6 +1,6 @@
 """``rolloutd model-server``: the embedded model over HTTP, speaking vLLM's request subset.
 
-Routes (the subset of vLLM's OpenAI server that rolloutd's vllm client uses):
+Routes (the subset of vLLM's OpenAI server that rolloutd's vllm client and harnesses use):
 
 - ``POST /v1/completions``: ``prompt`` as token ids, ``max_tokens``, ``temperature``,
   ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``, ``seed``, ``stop_token_ids``,
@@ -11,6 +11,13 @@ Routes (the subset of vLLM's OpenAI server that rolloutd's vllm client uses):
   (:data:`UNSUPPORTED`, e.g. ``prompt_logprobs``) answer 400 rather than being ignored; a
   token id outside the vocabulary answers 400 and a ``model`` other than the served one 404,
   as vLLM does.
+- ``POST /v1/chat/completions``: OpenAI chat in the shape the per-rollout harness endpoint
+  answers (both built by :mod:`rolloutd.daemon.llm.openai_api`): ``messages``, ``tools``
+  (hermes tool calls parsed; ``tool_choice`` ``auto``/``none``), ``max_tokens`` /
+  ``max_completion_tokens`` (default: the rest of the context), the sampling fields above (the
+  request's own: this is a plain inference server), ``logprobs`` (``top_logprobs`` 0),
+  ``stream`` (SSE, sent once sampled), and vLLM's ``return_token_ids`` and ``prompt_logprobs``
+  (one extra forward pass of the in-process model; 400 on a backend without it).
 - ``GET /v1/models``, ``GET /health`` (200, empty), ``GET /metrics`` (Prometheus text).
 - ``POST /v1/reload`` ``{"path": dir, "partial": false, "version": N}``
   (:class:`rolloutd.daemon.llm.weights.ReloadRequest`): weight sync; loads the ``*.safetensors`` under
@@ -35,8 +42,8 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import trio
 from hypercorn.config import Config
@@ -44,14 +51,17 @@ from hypercorn.trio import serve
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rolloutd.daemon.llm import openai_api
 from rolloutd.daemon.llm.base import (
     Backend,
     BackendRejected,
     BackendUnavailable,
+    Completion,
     LLMError,
     SamplingParams,
 )
 from rolloutd.daemon.llm.chat import ChatRenderer
+from rolloutd.daemon.llm.parsers import get_parser
 from rolloutd.daemon.llm.weights import Reloadable, ReloadRequest, WeightsError
 
 log = logging.getLogger(__name__)
@@ -91,15 +101,12 @@ def _is_off(value: Any, off: Any) -> bool:
     return value is None or value == off or value in ([], {}, "")
 
 
-class CompletionRequest(BaseModel):
-    """The accepted subset. Fields that are neither here nor in :data:`UNSUPPORTED` are
-    ignored, as vLLM ignores fields it does not know."""
+class _Sampling(BaseModel):
+    """The sampling fields both routes read (and the served ``model``)."""
 
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    prompt: list[int] = Field(min_length=1)
-    max_tokens: int = Field(16, ge=1)
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(-1, ge=-1)
@@ -107,11 +114,43 @@ class CompletionRequest(BaseModel):
     repetition_penalty: float = Field(1.0, gt=0.0)
     seed: int | None = None
     stop_token_ids: list[int] | None = None
-    logprobs: int | None = Field(None, ge=0, le=0)
     n: int = Field(1, ge=1, le=1)
+
+    def params(self, extra_stops: Sequence[int] = ()) -> SamplingParams:
+        stops = list(self.stop_token_ids or [])
+        stops += [i for i in extra_stops if i not in stops]
+        return SamplingParams(
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty, seed=self.seed, stop_token_ids=stops,
+        )
+
+
+class CompletionRequest(_Sampling):
+    """The accepted subset. Fields that are neither here nor in :data:`UNSUPPORTED` are
+    ignored, as vLLM ignores fields it does not know."""
+
+    prompt: list[int] = Field(min_length=1)
+    max_tokens: int = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=0)
     stream: bool = Field(False, le=False)
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
+
+
+class ChatSampling(_Sampling):
+    """A chat request's fields besides the conversation (read by
+    :func:`rolloutd.daemon.llm.openai_api.parse_chat_request`): sampling, ``top_logprobs``
+    (0 only: just the sampled token's logprob is known) and vLLM's ``prompt_logprobs``."""
+
+    top_logprobs: int | None = Field(None, ge=0, le=0)
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
+
+
+#: :data:`UNSUPPORTED` for ``/v1/chat/completions``, which serves ``prompt_logprobs``.
+CHAT_UNSUPPORTED: dict[str, Any] = {k: v for k, v in UNSUPPORTED.items() if k != "prompt_logprobs"}
+
+
+_S = TypeVar("_S", bound=_Sampling)
 
 
 class _Metrics:
@@ -183,9 +222,12 @@ class ModelServerApp:
             await _respond(send, 200, generate_latest(self.metrics.registry), "text/plain; version=0.0.4")
         elif route == ("POST", "/v1/completions"):
             await self._completions(receive, send)
+        elif route == ("POST", "/v1/chat/completions"):
+            await self._chat_completions(receive, send)
         elif route == ("POST", "/v1/reload"):
             await self._reload(receive, send)
-        elif scope["path"] in ("/health", "/v1/models", "/metrics", "/v1/completions", "/v1/reload"):
+        elif scope["path"] in ("/health", "/v1/models", "/metrics", "/v1/completions", "/v1/chat/completions",
+                               "/v1/reload"):
             await _error(send, 405, "method not allowed")
         else:
             await _error(send, 404, f"no route {scope['path']}")
@@ -219,33 +261,38 @@ class ModelServerApp:
         self.metrics.reloads.inc()
         await _json(send, 200, {**result, "path": req.path, "version": self.weights_version})
 
-    async def _completions(self, receive: Receive, send: Send) -> None:
+    async def _read_body(self, receive: Receive, send: Send) -> bytes | None:
+        """The request body; None when the client left or the body was too large (answered)."""
         body = b""
         while True:
             msg = await receive()
             if msg["type"] == "http.disconnect":
-                return
+                return None
             body += msg.get("body", b"")
             if len(body) > MAX_BODY:
                 await _error(send, 413, "request body too large")
-                return
+                return None
             if not msg.get("more_body"):
-                break
-        try:
-            req, params = self._parse_completion(body)
-        except ErrorAnswer as exc:
-            self.metrics.requests.labels("bad_request").inc()
-            await _error(send, exc.status, exc.message, param=exc.param)
-            return
+                return body
+
+    async def _generate(
+        self, receive: Receive, send: Send, prompt: list[int], params: SamplingParams, max_tokens: int,
+        *, prompt_logprobs: int | None = None,
+    ) -> tuple[Completion, list[list[tuple[int, float, int]] | None] | None] | None:
+        """Sample (and, when asked, score the prompt) until done or the client leaves; None
+        when the request was aborted or failed (an error is then answered)."""
         self.metrics.in_flight.inc()
         completion = None
+        scored = None
         failure: ErrorAnswer | None = None
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
                 # caught here: out of the nursery they would come wrapped in an ExceptionGroup
                 try:
-                    completion = await self.backend.complete(req.prompt, params, max_tokens=req.max_tokens)
+                    completion = await self.backend.complete(prompt, params, max_tokens=max_tokens)
+                    if prompt_logprobs is not None:
+                        scored = await self.backend.prompt_logprobs(prompt, prompt_logprobs)  # type: ignore[attr-defined]
                 except BackendRejected as exc:
                     failure = ErrorAnswer(400, str(exc))
                 except (BackendUnavailable, LLMError) as exc:
@@ -256,13 +303,29 @@ class ModelServerApp:
         if failure is not None:
             self.metrics.requests.labels("bad_request" if failure.status == 400 else "error").inc()
             await _error(send, failure.status, failure.message)
-            return
-        if completion is None:  # the client went away: the request was aborted
-            self.metrics.requests.labels("aborted").inc()
-            return
+            return None
+        if completion is None or (prompt_logprobs is not None and scored is None):
+            self.metrics.requests.labels("aborted").inc()  # the client went away
+            return None
         self.metrics.requests.labels(completion.finish_reason).inc()
-        self.metrics.prompt_tokens.inc(len(req.prompt))
+        self.metrics.prompt_tokens.inc(len(prompt))
         self.metrics.generation_tokens.inc(len(completion.token_ids))
+        return completion, scored
+
+    async def _completions(self, receive: Receive, send: Send) -> None:
+        body = await self._read_body(receive, send)
+        if body is None:
+            return
+        try:
+            req, params = self._parse_completion(body)
+        except ErrorAnswer as exc:
+            self.metrics.requests.labels("bad_request").inc()
+            await _error(send, exc.status, exc.message, param=exc.param)
+            return
+        result = await self._generate(receive, send, req.prompt, params, req.max_tokens)
+        if result is None:
+            return
+        completion = result[0]
         ids = completion.token_ids
         # vLLM names the stop token only for a stop_token_ids hit, not for EOS
         eos = getattr(self.renderer.tokenizer, "eos_token_id", None)
@@ -290,34 +353,113 @@ class ModelServerApp:
             },
         })
 
-    def _parse_completion(self, body: bytes) -> tuple[CompletionRequest, SamplingParams]:
-        """The request and its sampling params; :class:`ErrorAnswer` says what is wrong."""
+    async def _chat_completions(self, receive: Receive, send: Send) -> None:
+        body = await self._read_body(receive, send)
+        if body is None:
+            return
+        try:
+            req, sampling, prompt, max_tokens = self._parse_chat(body)
+        except ErrorAnswer as exc:
+            self.metrics.requests.labels("bad_request").inc()
+            await _error(send, exc.status, exc.message, param=exc.param)
+            return
+        try:
+            params = sampling.params(self.renderer.stop_ids)
+        except ValidationError as exc:
+            loc = exc.errors()[0]["loc"]
+            await _error(send, 400, f"bad request: {exc}", param=str(loc[0]) if loc else None)
+            return
+        result = await self._generate(receive, send, prompt, params, max_tokens,
+                                      prompt_logprobs=sampling.prompt_logprobs)
+        if result is None:
+            return
+        completion, scored = result
+        _, reply = openai_api.parse_reply(self.renderer.turn_text(completion.token_ids), req.tools,
+                                          get_parser(self.renderer.family.parser))
+        out = openai_api.chat_response(
+            req, model=self.model_name, prompt_ids=prompt, completion=completion, reply=reply,
+            renderer=self.renderer, prompt_logprobs=None if scored is None else self._prompt_logprobs(scored))
+        out["usage"]["prompt_tokens_details"] = {"cached_tokens": completion.cached_tokens}
+        if not req.stream:
+            await _json(send, 200, out)
+            return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+        for chunk in openai_api.chat_chunks(req, out):
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    def _prompt_logprobs(self, scored: list[list[tuple[int, float, int]] | None]) -> list[dict[str, Any] | None]:
+        """vLLM's ``prompt_logprobs``: null, then ``{token_id: {logprob, rank, decoded_token}}``."""
+        return [None if pos is None else {
+            str(tid): {"logprob": max(lp, -9999.0), "rank": rank, "decoded_token": self.renderer.decode([tid])}
+            for tid, lp, rank in pos} for pos in scored]
+
+    def _parse_chat(self, body: bytes) -> tuple[openai_api.ChatRequest, ChatSampling, list[int], int]:
+        """The conversation, its sampling fields, the rendered prompt and ``max_tokens``."""
+        data = self._load(body, CHAT_UNSUPPORTED)
+        sampling = self._validate(ChatSampling, data)
+        if data.get("tool_choice") not in (None, "auto", "none"):
+            raise ErrorAnswer(400, "tool_choice must be 'auto' or 'none': rolloutd model-server "
+                                   "does not force tool calls", param="tool_choice")
+        try:
+            req = openai_api.parse_chat_request(data)
+        except openai_api.RequestError as exc:
+            raise ErrorAnswer(exc.status, exc.message, param=exc.param) from None
+        if sampling.prompt_logprobs is not None and not hasattr(self.backend, "prompt_logprobs"):
+            raise ErrorAnswer(400, f"prompt_logprobs is not served by this server's backend "
+                                   f"({self.backend.kind})", param="prompt_logprobs")
+        msgs = openai_api.template_messages(req.messages, knows_tools=openai_api.template_knows_tools(self.renderer))
+        try:
+            prompt = self.renderer.render_prompt(msgs, req.tools)
+        except Exception as exc:  # the template rejects this conversation
+            raise ErrorAnswer(400, f"the chat template cannot render these messages: {exc}",
+                              param="messages") from None
+        room = self.max_model_len - len(prompt)
+        max_tokens = req.max_tokens if req.max_tokens is not None else room
+        if room < 1 or max_tokens > room:
+            raise ErrorAnswer(400, f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) exceeds "
+                                   f"max_model_len ({self.max_model_len})", param="max_tokens")
+        return req, sampling, prompt, max_tokens
+
+    def _load(self, body: bytes, unsupported: Mapping[str, Any]) -> dict[str, Any]:
         try:
             data = json.loads(body or b"null")
         except ValueError as exc:
             raise ErrorAnswer(400, f"the body is not JSON: {exc}") from None
         if not isinstance(data, dict):
             raise ErrorAnswer(400, "the body must be a JSON object")
-        for name, off in UNSUPPORTED.items():
+        for name, off in unsupported.items():
             if name in data and not _is_off(data[name], off):
                 raise ErrorAnswer(400, f"{name!r} is not supported by rolloutd model-server", param=name)
+        return data
+
+    def _validate(self, model: type[_S], data: dict[str, Any]) -> _S:
         try:
-            req = CompletionRequest.model_validate(data)
-            params = SamplingParams(
-                temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
-                repetition_penalty=req.repetition_penalty, seed=req.seed,
-                stop_token_ids=req.stop_token_ids or [],
-            )
+            req = model.model_validate(data)
         except ValidationError as exc:
             loc = exc.errors()[0]["loc"]
             raise ErrorAnswer(400, f"bad request: {exc}", param=str(loc[0]) if loc else None) from None
         if req.model is not None and req.model != self.model_name:
             raise ErrorAnswer(404, f"The model `{req.model}` does not exist.", param="model")
-        for field in ("prompt", "stop_token_ids"):
-            bad = [i for i in getattr(req, field) or [] if not 0 <= i < self.vocab_size]
-            if bad:
-                raise ErrorAnswer(400, f"Token id {bad[0]} is out of vocabulary "
-                                        f"(the vocabulary has {self.vocab_size} ids)", param=field)
+        bad = [i for i in req.stop_token_ids or [] if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ErrorAnswer(400, f"Token id {bad[0]} is out of vocabulary "
+                                    f"(the vocabulary has {self.vocab_size} ids)", param="stop_token_ids")
+        return req
+
+    def _parse_completion(self, body: bytes) -> tuple[CompletionRequest, SamplingParams]:
+        """The request and its sampling params; :class:`ErrorAnswer` says what is wrong."""
+        req = self._validate(CompletionRequest, self._load(body, UNSUPPORTED))
+        try:
+            params = req.params()
+        except ValidationError as exc:
+            loc = exc.errors()[0]["loc"]
+            raise ErrorAnswer(400, f"bad request: {exc}", param=str(loc[0]) if loc else None) from None
+        bad = [i for i in req.prompt if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ErrorAnswer(400, f"Token id {bad[0]} is out of vocabulary "
+                                    f"(the vocabulary has {self.vocab_size} ids)", param="prompt")
         if len(req.prompt) + req.max_tokens > self.max_model_len:
             raise ErrorAnswer(400, f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) "
                                     f"exceeds max_model_len ({self.max_model_len})", param="max_tokens")

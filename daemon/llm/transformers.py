@@ -168,6 +168,31 @@ class _Generator:
         return _Result(ids, lps, finish, cached, time.monotonic() - t0)
 
 
+def prompt_logprobs(model: Any, prompt: list[int], top: int) -> list[list[tuple[int, float, int]] | None]:
+    """vLLM's ``prompt_logprobs`` from one forward pass over ``prompt`` (no cache): per
+    position, ``None`` for the first token, else ``(id, logprob, rank)`` of the prompt token
+    followed by the ``top`` most likely ids (raw logprobs, as vLLM's default
+    ``raw_logprobs``; rank 1 is the most likely)."""
+    import torch
+
+    with torch.inference_mode():
+        out = model(input_ids=torch.tensor([prompt], dtype=torch.long), use_cache=False)
+        logp = torch.log_softmax(out.logits[0, :-1].float(), dim=-1)  # row i predicts prompt[i+1]
+        result: list[list[tuple[int, float, int]] | None] = [None]
+        targets = torch.tensor(prompt[1:], dtype=torch.long)
+        chosen = logp.gather(1, targets[:, None])[:, 0]
+        ranks = (logp > chosen[:, None]).sum(dim=1) + 1
+        top_vals, top_ids = (torch.topk(logp, top, dim=-1) if top > 0 else (None, None))
+        for i in range(len(prompt) - 1):
+            entry = [(int(targets[i]), float(chosen[i]), int(ranks[i]))]
+            if top_vals is not None and top_ids is not None:
+                entry += [(int(t), float(v), r + 1) for r, (t, v) in
+                          enumerate(zip(top_ids[i].tolist(), top_vals[i].tolist(), strict=True))
+                          if int(t) != entry[0][0]]
+            result.append(entry)
+    return result
+
+
 def default_threads() -> int:
     """Half the cores, 1 to 4. Measured on a 2-core machine shared with other work: 2 torch
     threads made a forward pass up to 10x slower than 1 (OpenMP threads spin while the other
@@ -233,6 +258,18 @@ class TransformersBackend:
             cached_tokens=result.cached,
             extra={"generation_s": result.seconds},
         )
+
+    async def prompt_logprobs(self, prompt_ids: Sequence[int], top: int = 0) -> list[list[tuple[int, float, int]] | None]:
+        """The prompt's own logprobs (see :func:`prompt_logprobs`): one forward pass, under the
+        generation limiter, leaving the generation's KV cache as it was."""
+        await self.load()
+        gen = self._gen
+        assert gen is not None
+        fn = partial(prompt_logprobs, gen.model, list(prompt_ids), top)
+        try:
+            return await trio.to_thread.run_sync(fn, limiter=self._limiter)
+        except RuntimeError as exc:
+            raise BackendUnavailable(f"{self.name}: {exc}") from exc
 
     async def reload_weights(self, path: str, *, partial: bool = False, version: int | None = None) -> dict[str, Any]:
         """Weight sync (:class:`~rolloutd.daemon.llm.weights.Reloadable`): copy the safetensors under
