@@ -299,12 +299,13 @@ class Pipeline:
         from rolloutd.daemon.agent import AgentLimits
         from rolloutd.daemon.harness import Session, run_harness
         from rolloutd.daemon.llm.base import SamplingParams
+        from rolloutd.daemon.replay import ReplayPool, compare
 
-        pool, renderer_factory = self.services.pool, self.services.renderer
+        original = job.request.replay_of
+        pool: Any = self.services.pool if original is None else ReplayPool(original)
+        renderer_factory = self.services.renderer
         if pool is None or renderer_factory is None:
             raise PipelineError("no LLM backend pool is configured")
-        if job.request.replay_of is not None:
-            raise PipelineError("a harness-driven rollout cannot be replayed")
         assert job.sandbox is not None
         session = Session(
             trajectory=job.trajectory, pool=pool, renderer=await renderer_factory(),
@@ -316,6 +317,8 @@ class Pipeline:
             await run_harness(job.sandbox, agent, session, [dict(m) for m in prompt.messages])
         finally:
             pool.forget(job.id)
+            if original is not None:
+                job.trajectory.replay = compare(job.trajectory, original)
             job.final_answer = session.final_text
             info = job.trajectory.harness
             if info is not None and info.ended in ("exited", "timeout"):

@@ -84,8 +84,9 @@ class ReplayPool:
         if k >= len(orig.turns):
             return Completion([], [], "abort", backend=self.name)
         t = orig.turns[k]
-        ids = orig.token_ids[t.start : t.end]
-        logprobs = [lp if lp is not None else 0.0 for lp in orig.logprobs[t.start : t.end]]
+        seq = orig.segments[t.segment] if t.segment is not None and orig.segments else orig
+        ids = seq.token_ids[t.start : t.end]
+        logprobs = [lp if lp is not None else 0.0 for lp in seq.logprobs[t.start : t.end]]
         return Completion(ids, logprobs, t.finish_reason or "stop", backend=self.name,
                           extra={"backend_id": self.name})
 
@@ -97,8 +98,35 @@ def _tool_outputs(tr: Trajectory) -> list[str]:
     return [str(m.get("content", "")) for m in tr.messages if m.get("role") == "tool"]
 
 
+def _prompts(tr: Trajectory) -> list[list[int]]:
+    """A harness-driven rollout's prompt of each call (what the harness made of its world)."""
+    return [tr.segments[t.segment].token_ids[: t.start] for t in tr.turns
+            if t.segment is not None and t.segment < len(tr.segments)]
+
+
+def _compare_prompts(replayed: Trajectory, original: Trajectory) -> ReplayInfo:
+    """A harness-driven replay: the harness gets the recorded replies again; its prompts
+    (history, tool results) must come out the same, token for token."""
+    got, want = _prompts(replayed), _prompts(original)
+    first: dict[str, Any] | None = None
+    for i in range(max(len(got), len(want))):
+        a, b = (got[i] if i < len(got) else None), (want[i] if i < len(want) else None)
+        if a != b:
+            at = next((j for j, (x, y) in enumerate(zip(a or [], b or [], strict=False)) if x != y),
+                      min(len(a or []), len(b or [])))
+            first = {"turn": i, "call": i, "tool": None, "position": at,
+                     "recorded": None if b is None else f"prompt of {len(b)} tokens",
+                     "replayed": None if a is None else f"prompt of {len(a)} tokens"}
+            break
+    return ReplayInfo(of=original.id, turns=min(len(replayed.turns), len(original.turns)),
+                      tool_calls=len(got), tool_outputs_equal=first is None, first_difference=first)
+
+
 def compare(replayed: Trajectory, original: Trajectory) -> ReplayInfo:
-    """Mark each replayed tool call's ``output_equal`` and summarise (``replay``)."""
+    """Mark each replayed tool call's ``output_equal`` and summarise (``replay``). For a
+    harness-driven rollout, compare each call's prompt instead (:func:`_compare_prompts`)."""
+    if original.segments:
+        return _compare_prompts(replayed, original)
     got, want = _tool_outputs(replayed), _tool_outputs(original)
     calls = [(n, c) for n, turn in enumerate(replayed.turns) for c in turn.tool_calls]
     first: dict[str, Any] | None = None

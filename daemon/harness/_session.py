@@ -48,6 +48,10 @@ if TYPE_CHECKING:
     from rolloutd.daemon.llm.pool import BackendPool
 
 
+#: A whole render of messages with more text than this runs in a worker thread.
+THREAD_RENDER_CHARS = 32_000
+
+
 @dataclass
 class Chat:
     """A chat call's result: the completion, its text and the reply in canonical form."""
@@ -99,7 +103,7 @@ class Session:
     async def chat(self, messages: list[Message], tools: list[dict[str, Any]], *,
                    max_tokens: int | None) -> Chat:
         keys = [message_key(m) for m in messages]
-        prompt = self._chat_prompt(messages, keys, tools)
+        prompt = await self._chat_prompt(messages, keys, tools)
         c, segment = await self._sample(prompt, max_tokens)
         text = self.renderer.turn_text(c.token_ids)
         parsed, reply = parse_reply(text, tools, self.parser)
@@ -116,8 +120,8 @@ class Session:
 
     # ---- prompts ----------------------------------------------------------------------------
 
-    def _chat_prompt(self, messages: list[Message], keys: list[tuple[Any, ...]],
-                     tools: list[dict[str, Any]]) -> list[int]:
+    async def _chat_prompt(self, messages: list[Message], keys: list[tuple[Any, ...]],
+                           tools: list[dict[str, Any]]) -> list[int]:
         key = tools_key(tools)
         for h in reversed(self._histories):
             if h.tools != key or len(keys) <= len(h.keys) or not same_history(h.keys, keys):
@@ -127,8 +131,12 @@ class Session:
                 break
             return [*h.ids, *h.sampled, *self.renderer.close_turn(h.sampled), *delta]
         msgs = template_messages(messages, knows_tools=self._knows_tools)
+        size = sum(len(m.get("content") or "") for m in msgs)
         try:
-            return self.renderer.render_prompt(msgs, tools)
+            if size < THREAD_RENDER_CHARS:
+                return self.renderer.render_prompt(msgs, tools)
+            # a long history: the template and the tokenizer would hold the event loop
+            return await trio.to_thread.run_sync(self.renderer.render_prompt, msgs, tools)
         except Exception as exc:  # the template rejects this conversation
             raise ApiError(400, f"the chat template cannot render these messages: {exc}",
                            param="messages") from None

@@ -378,3 +378,52 @@ async def test_a_failed_install_fails_the_rollout_in_init(harness: Harness, tmp_
     assert t.status is Status.failed and t.error is not None
     assert (t.error.stage, t.error.type) == ("init", "HarnessError"), t.error
     assert "agent install failed" in t.error.message
+
+
+async def test_replay_feeds_the_recorded_replies_back_to_the_harness(harness: Harness) -> None:
+    """The harness runs again; each call gets the recorded reply (not the backend), and its
+    prompts (what it made of its world) are compared token for token."""
+    backend = await policy(harness, ["Hmm.", "Maybe 2.", "The answer is 2."])
+    t = await harness.run(task(REWRITE))
+    assert t.status is Status.completed
+    calls = len(backend.log)
+    req, original = harness.node.service.replay_request(t.id)
+    job = harness.node.submit(req, replay_of=original).jobs[0]
+    await job.done.wait()
+    r = job.trajectory
+    assert r.status is Status.completed, (r.error, r.harness)
+    assert len(backend.log) == calls  # the policy was not asked again
+    assert r.replay is not None and r.replay.tool_outputs_equal is True, r.replay
+    assert r.replay.tool_calls == 3
+    assert [s.token_ids for s in r.segments] == [s.token_ids for s in t.segments]
+    assert r.reward == t.reward
+
+
+async def test_a_long_history_is_rendered_and_recorded(harness: Harness) -> None:
+    """A first call with a long history (rendered off the event loop) is exact too."""
+    backend = await policy(harness, ["The answer is 2."])
+    script = """
+        import openai
+        msgs = [{"role": "user", "content": "words " * 6000}]
+        r = openai.OpenAI().chat.completions.create(model="m", messages=msgs)
+        print("USAGE", r.usage.prompt_tokens)
+    """
+    t = await harness.run(task(script), max_tokens_per_turn=8)
+    assert t.status is Status.completed, (t.error, t.harness)
+    assert t.segments[0].prompt_length > 5000, t.harness
+    check_exact(t, backend)
+
+
+async def test_a_prompt_over_the_context_is_refused(harness: Harness) -> None:
+    await policy(harness, ["The answer is 2."])
+    script = """
+        import openai
+        try:
+            openai.OpenAI(max_retries=0).chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "word " * 12000}])
+        except openai.BadRequestError as exc:
+            print("REFUSED", exc.code)
+    """
+    t = await harness.run(task(script))
+    assert t.harness is not None and "REFUSED context_length_exceeded" in t.harness.output_tail
+    assert t.harness.calls == 0 and not t.segments
