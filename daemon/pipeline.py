@@ -317,6 +317,7 @@ class Pipeline:
             await run_harness(job.sandbox, agent, session, [dict(m) for m in prompt.messages])
         finally:
             pool.forget(job.id)
+            session.close()
             if original is not None:
                 job.trajectory.replay = compare(job.trajectory, original)
             job.final_answer = session.final_text

@@ -95,6 +95,7 @@ class Session:
         self.fatal: LLMError | None = None
         self.failed = trio.Event()  # set with ``fatal``: RUN stops the harness and fails
         self.final_text: str | None = None
+        self.conversation: list[Message] = []
         self._histories: list[_History] = []
         self._knows_tools = template_knows_tools(renderer)
 
@@ -109,9 +110,15 @@ class Session:
         parsed, reply = parse_reply(text, tools, self.parser)
         self._remember(_History(segment, [*keys, message_key(reply)], tools_key(tools), prompt,
                                 c.token_ids))
-        self.trajectory.messages = template_messages([*messages, reply], knows_tools=True)
+        self.conversation = [*messages, reply]  # the trajectory's messages, at the end
         self.final_text = reply["content"]
         return Chat(c, prompt, text, parsed, reply)
+
+    def close(self) -> None:
+        """At the end of RUN: the last chat call's conversation becomes the trajectory's
+        ``messages`` (converted once, not at every call)."""
+        if self.conversation:
+            self.trajectory.messages = template_messages(self.conversation, knows_tools=True)
 
     async def complete(self, prompt_ids: list[int], *, max_tokens: int | None) -> Completion:
         c, _ = await self._sample(prompt_ids, max_tokens)

@@ -91,36 +91,44 @@ def tool_arguments(raw: Any) -> Any:
     return raw
 
 
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+          "tool": "tool", "function": "tool"}
+
+
 def openai_messages(raw: Any) -> list[Message]:
+    """OpenAI chat messages in canonical form. Called on a harness's whole history at every
+    call, so the common case (a known role, string content, no tool calls) takes no detour."""
     if not isinstance(raw, list) or not raw:
         raise _bad("messages must be a non-empty list", "messages")
     out: list[Message] = []
     for i, m in enumerate(raw):
-        where = f"messages[{i}]"
         if not isinstance(m, dict):
-            raise _bad(f"{where} must be an object", where)
-        role = m.get("role")
-        if role == "developer":
-            role = "system"
-        elif role == "function":
-            role = "tool"
-        if role not in ("system", "user", "assistant", "tool"):
-            raise _bad(f"{where}.role must be system, developer, user, assistant or tool; got {role!r}",
-                       where)
-        msg: Message = {"role": role, "content": text_parts(m.get("content"), f"{where}.content")}
+            raise _bad(f"messages[{i}] must be an object", f"messages[{i}]")
+        role = _ROLES.get(m.get("role"))  # type: ignore[arg-type]
+        if role is None:
+            raise _bad(f"messages[{i}].role must be system, developer, user, assistant or tool; "
+                       f"got {m.get('role')!r}", f"messages[{i}]")
+        content = m.get("content")
+        if content.__class__ is not str:
+            content = text_parts(content, f"messages[{i}].content")
+        msg: Message = {"role": role, "content": content}
         if role == "assistant" and m.get("tool_calls"):
-            calls = m["tool_calls"]
-            if not isinstance(calls, list):
-                raise _bad(f"{where}.tool_calls must be a list", where)
-            msg["tool_calls"] = []
-            for j, call in enumerate(calls):
-                fn = call.get("function") if isinstance(call, dict) else None
-                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-                    raise _bad(f"{where}.tool_calls[{j}] needs function.name", where)
-                msg["tool_calls"].append({"name": fn["name"], "arguments": tool_arguments(fn.get("arguments"))})
-        if role == "tool" and isinstance(m.get("name"), str):
+            msg["tool_calls"] = _tool_calls(m["tool_calls"], f"messages[{i}]")
+        elif role == "tool" and isinstance(m.get("name"), str):
             msg["name"] = m["name"]
         out.append(msg)
+    return out
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(calls, list):
+        raise _bad(f"{where}.tool_calls must be a list", where)
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise _bad(f"{where}.tool_calls[{j}] needs function.name", where)
+        out.append({"name": fn["name"], "arguments": tool_arguments(fn.get("arguments"))})
     return out
 
 
