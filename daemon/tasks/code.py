@@ -22,6 +22,7 @@ fraction of tests that pass, or with ``"reward": "all"`` 1.0 or 0.0.
 
 from __future__ import annotations
 
+import posixpath
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -120,8 +121,7 @@ class CodeTask(TaskHandler):
 
     async def setup(self, sandbox: Sandbox | None, task: dict[str, Any]) -> None:
         assert sandbox is not None
-        for path, text in task["files"].items():
-            await sandbox.write_file(path, text.encode())
+        await _write_files(sandbox, task["files"])
 
     def prompt(self, task: dict[str, Any]) -> Prompt:
         io = " (read standard input, write standard output)" if "tests" in task else ""
@@ -136,9 +136,7 @@ class CodeTask(TaskHandler):
         if source is None:
             return Reward(0.0, {"reason": "no_solution", "passed": 0, "total": self._count(task)})
         async with ctx.open_sandbox(self.eval_spec(task)) as sb:
-            await sb.write_file(task["entry"], source)
-            for path, text in task["files"].items():
-                await sb.write_file(path, text.encode())
+            await _write_files(sb, {task["entry"]: source, **task["files"]})
             output = None
             if "tests" in task:
                 results = await self._run_cases(sb, task)
@@ -207,3 +205,12 @@ class CodeTask(TaskHandler):
         if not results:
             results = [{"test": TEST_FILE, "passed": False, "outcome": "no_tests"}]
         return results, output
+
+
+async def _write_files(sb: Sandbox, files: dict[str, str | bytes]) -> None:
+    """Files into the workspace; a file in a directory gets its directory first."""
+    for path, data in files.items():
+        parent = posixpath.dirname(path)
+        if parent:
+            await sb.mkdir(parent, parents=True)
+        await sb.write_file(path, data.encode() if isinstance(data, str) else data)

@@ -96,6 +96,14 @@ async def test_pytest_file_right_and_wrong(harness):
     assert "output" in tr.reward_info
 
 
+async def test_files_in_directories_are_written(harness):
+    """``files`` may name nested paths: their directories are made first."""
+    await harness.script(write_and_finish("from pkg.helper import plus\n\ndef add(a, b):\n    return plus(a, b)\n"))
+    task = {**PYTEST_TASK, "files": {"pkg/__init__.py": "", "pkg/helper.py": "def plus(a, b):\n    return a + b\n"}}
+    tr = await harness.run(task)
+    assert tr.status is Status.completed and tr.reward == 1.0, (tr.error, tr.reward_info)
+
+
 def test_normalise_output():
     assert normalise_output("3  \n\n") == normalise_output("3")
     assert normalise_output("a\r\nb\n") == "a\nb"
