@@ -50,6 +50,8 @@ async def test_mini_recipe_in_bwrap_sandbox(state_dir):
         await sb.write_file("/tmp/fake/server.py", (Path(__file__).parent / "_fake_openai.py").read_bytes())
         await sb.write_file("/tmp/fake/replies.json", json.dumps(REPLIES).encode())
         await sb.write_file("/tmp/rolloutd/task.md", TASK.encode() + b"\n")
+        # the recipe's config where the sandbox sees it (a checkout under /tmp is hidden there)
+        await sb.write_file("/tmp/fake/mini.yaml", (RECIPE / "mini.yaml").read_bytes())
         server = await sb.spawn([sb.python, "/tmp/fake/server.py", "/tmp/fake/port",
                                  "/tmp/fake/replies.json", "/tmp/fake/log.jsonl"])
         try:
@@ -64,7 +66,7 @@ async def test_mini_recipe_in_bwrap_sandbox(state_dir):
                 "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1",
                 "OPENAI_API_KEY": TOKEN,
                 "ROLLOUTD_TASK_FILE": "/tmp/rolloutd/task.md",
-                "MSWEA_CONFIG_DIR": str(RECIPE),
+                "MSWEA_CONFIG_DIR": "/tmp/fake",
             }
             result = await sb.run(agent["command"], timeout_s=180, env=env)
         finally:

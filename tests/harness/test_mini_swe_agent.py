@@ -55,7 +55,8 @@ def mini_agent(steps: int) -> dict[str, Any]:
     agent = json.loads((RECIPE / "agent.json").read_text())
     command = list(agent["command"])
     command[-1] = command[-1].replace(" -l 0 ", f" -l 0 -c agent.step_limit={steps} ")
-    env = {**agent["env"], "MSWEA_CONFIG_DIR": str(RECIPE),
+    # the config comes with the task's files (a checkout under /tmp is hidden in the sandbox)
+    env = {**agent["env"], "MSWEA_CONFIG_DIR": ".rolloutd-mini",
            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"}
     return {"command": command, "env": env, "timeout_s": 240}
 
@@ -67,6 +68,7 @@ async def test_mini_swe_agent_on_the_embedded_model_is_recorded_exactly(harness:
     harness._backend_id = harness.pool.add(backend, backend_id="embedded")
     task = {"kind": "code", "prompt": "Write solution.py with a function add(a, b) returning a + b.",
             "pytest": "from solution import add\n\ndef test_add():\n    assert add(2, 3) == 5\n",
+            "files": {".rolloutd-mini/mini.yaml": (RECIPE / "mini.yaml").read_text()},
             "memory_mb": 3072, "pids_max": 512, "timeout_s": 60, "agent": mini_agent(steps=3)}
     with trio.fail_after(500):
         t = await harness.run(task, timeout_s=400, max_tokens_per_turn=48, max_turns=3)
