@@ -502,6 +502,26 @@ function messageCard(m, i, extraClass) {
     h("pre", { text: messageText(m.content) }), calls);
 }
 
+// A harness-driven rollout's turn points into its segment: the last segment is the top-level
+// sequence (with decoded pieces); an earlier one is shown by token id.
+function segmentOf(traj, turn) {
+  const segs = traj.segments || [];
+  if (turn.segment === null || turn.segment === undefined || turn.segment === segs.length - 1) return traj;
+  return segs[turn.segment] || traj;
+}
+
+function harnessPanel(traj) {
+  const hi = traj.harness;
+  if (!hi) return null;
+  const segs = traj.segments || [];
+  return h("div", { id: "harness" },
+    h("h3", { text: "Agent harness" }),
+    h("p", {}, h("span", { class: "mono", text: (hi.command || []).join(" ").slice(0, 300) }),
+      ` · ended ${hi.ended || "—"} · exit ${fmt(hi.exit_code)} · calls ${hi.calls} · merged ${hi.merged_calls} · refused ${hi.refused_calls}`,
+      ` · segments ${segs.length}: `, segs.map((s, i) => `#${i} ${s.token_ids.length} tokens/${s.calls} calls`).join(", ")),
+    hi.output_tail ? h("details", {}, h("summary", { text: "output (tail)" }), h("pre", { id: "harness-output", text: hi.output_tail })) : null);
+}
+
 function download(traj) {
   const blob = new Blob([JSON.stringify(traj, null, 2)], { type: "application/json" });
   const a = h("a", { href: URL.createObjectURL(blob), download: `${traj.id}.json` });
@@ -525,9 +545,9 @@ async function viewTrajectory(id, gen) {
   const err = traj.error;
   const turns = traj.turns.map((t, k) => h("div", { class: "turn", "data-turn": k },
     h("div", {}, h("strong", { text: `turn ${k}` }),
-      h("span", { class: "muted", text: ` · tokens ${t.start}–${t.end} · backend ${t.backend || "—"} · finish ${t.finish_reason || "—"} · llm ${secs(t.llm_s)} · policy v${t.policy_version_start}${t.policy_version_end !== t.policy_version_start ? "→" + t.policy_version_end : ""}${t.retries ? " · retries " + t.retries : ""}` })),
+      h("span", { class: "muted", text: `${t.segment !== null && t.segment !== undefined ? ` · segment ${t.segment}${t.merged ? " (merged)" : ""}` : ""} · tokens ${t.start}–${t.end} · backend ${t.backend || "—"} · finish ${t.finish_reason || "—"} · llm ${secs(t.llm_s)} · policy v${t.policy_version_start}${t.policy_version_end !== t.policy_version_start ? "→" + t.policy_version_end : ""}${t.retries ? " · retries " + t.retries : ""}` })),
     t.error ? h("div", { class: "error", text: t.error }) : null,
-    tokens(traj, t.start, t.end),
+    tokens(segmentOf(traj, t), t.start, t.end),
     t.tool_calls.length ? table(["tool", "arguments", "ok", "exit", { text: "start", class: "num" }, { text: "latency", class: "num" }, "error", ...(traj.replay ? ["equal"] : [])],
       t.tool_calls.map((c) => [c.name, h("pre", { text: JSON.stringify(c.arguments) }), c.ok ? "yes" : h("span", { class: "error", text: "no" }),
         fmt(c.exit_code), h("td", { class: "num", text: c.start_s === null || c.start_s === undefined ? "—" : "+" + secs(c.start_s) }),
@@ -544,6 +564,7 @@ async function viewTrajectory(id, gen) {
       " ", replayButton(traj)),
     replayPanel(traj),
     err ? h("p", { class: "error", id: "traj-error" }, `error in ${err.stage}: ${err.type}: ${err.message}`) : null,
+    harnessPanel(traj),
     h("h3", { text: "Timing" }), timingBar(traj.timing), waterfall(traj),
     h("h3", { text: "Reward info" }), h("pre", { id: "reward-info", text: JSON.stringify(traj.reward_info, null, 2) }),
     h("h3", { text: `Messages (${traj.messages.length})` }),

@@ -421,3 +421,57 @@ def test_dashboard_in_firefox(tmp_path: Path, firefox: str) -> None:
             check_pages(browser, h, ui, made, shots)
         finally:
             browser.close()
+
+
+HARNESS_SCRIPT = """
+import openai
+client = openai.OpenAI()
+client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Think."}])
+msgs = [{"role": "user", "content": "What is 1+1?"}]
+r = client.chat.completions.create(model="m", messages=msgs)
+msgs += [{"role": "assistant", "content": r.choices[0].message.content},
+         {"role": "user", "content": "Sure?"}]
+client.chat.completions.create(model="m", messages=msgs)
+print("HARNESS DONE")
+"""
+
+
+def test_harness_rollout_in_chromium(tmp_path: Path, chromium: str) -> None:
+    """A harness-driven rollout (docs/agents.md) with two segments: the page shows the
+    harness panel, and each turn's tokens from its own segment."""
+    import tempfile
+
+    state = Path(tempfile.mkdtemp(prefix="rh-"))  # short: sandbox socket paths fit in 107 bytes
+    daemon = Daemon(state / "state", token=TOKEN, sandbox_backend="local", log_level="warning",
+                    backends=[{"kind": "scripted", "replies": ["Hmm.", "Maybe 2.", "The answer is 2."]}])
+    daemon.start_sync()
+    browser = None
+    try:
+        with httpx.Client(base_url=daemon.url, headers=daemon.headers) as h:
+            task = {"kind": "math", "question": "What is 1+1?", "answer": "2",
+                    "agent": {"command": [sys.executable, "-c", HARNESS_SCRIPT]}}
+            traj = _submit(h, task, 1)["rollouts"][0]
+            assert traj["status"] == "completed", traj
+            assert len(traj["segments"]) == 2 and [t["segment"] for t in traj["turns"]] == [0, 1, 1]
+            browser = Browser(chromium, tmp_path / "profile")
+            ui = f"{daemon.url}/ui/"
+            browser.goto(ui)
+            browser.wait_for("!document.getElementById('login').hidden")
+            browser.js(f"document.getElementById('token').value = {json.dumps(TOKEN)};"
+                       "document.getElementById('login-form').requestSubmit(); true")
+            browser.wait_for("!!document.getElementById('count-completed')")
+            browser.goto(f"{ui}#/rollout/{traj['id']}")
+            browser.wait_for("!!document.getElementById('harness')")
+            panel = browser.js("document.getElementById('harness').innerText")
+            assert "calls 3 · merged 1" in panel and "segments 2" in panel, panel
+            assert "exit 0" in panel
+            sampled = sum(sum(s["loss_mask"]) for s in traj["segments"])
+            assert browser.js("document.querySelectorAll('#turns .tok.m1').length") == sampled
+            assert "segment 1 (merged)" in browser.js("document.getElementById('turns').innerText")
+            browser.screenshot(tmp_path / "harness.png")
+    finally:
+        if browser is not None:
+            browser.close()
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.stop_sync()
+        shutil.rmtree(state, ignore_errors=True)
