@@ -22,6 +22,7 @@ from rolloutd.daemon.harness._http import Response
 from rolloutd.daemon.harness._session import Session
 from rolloutd.daemon.llm.openai_api import (
     SSE_DONE,
+    ReadMessages,
     RequestError,
     chat_chunks,
     chat_response,
@@ -58,7 +59,8 @@ def check_common(body: Mapping[str, Any]) -> None:
 
 async def chat_completions(session: Session, body: Mapping[str, Any], model: str) -> Response:
     check_common(body)
-    req = parse_chat_request(body)
+    req = parse_chat_request(body, previous=session.read_messages)
+    session.read_messages = ReadMessages(raw=body["messages"], messages=req.messages)
     chat = await session.chat(req.messages, req.tools, max_tokens=req.max_tokens)
     out = chat_response(req, model=model, prompt_ids=chat.prompt_ids, completion=chat.completion,
                         reply=chat.reply, renderer=session.renderer)

@@ -38,7 +38,12 @@ import trio
 from rolloutd.daemon.harness._errors import ApiError
 from rolloutd.daemon.harness._messages import Message, message_key, same_history, tools_key
 from rolloutd.daemon.llm.base import BackendRejected, Completion, LLMError, SamplingParams
-from rolloutd.daemon.llm.openai_api import parse_reply, template_knows_tools, template_messages
+from rolloutd.daemon.llm.openai_api import (
+    ReadMessages,
+    parse_reply,
+    template_knows_tools,
+    template_messages,
+)
 from rolloutd.daemon.llm.parsers import ParsedTurn, get_parser
 from rolloutd.daemon.trajectory import HarnessInfo, Segment, Trajectory, Turn
 
@@ -96,6 +101,9 @@ class Session:
         self.failed = trio.Event()  # set with ``fatal``: RUN stops the harness and fails
         self.final_text: str | None = None
         self.conversation: list[Message] = []
+        #: What the OpenAI route read last (its next request reuses what it repeats).
+        self.read_messages: ReadMessages | None = None
+        self._last_keyed: tuple[list[Message], list[tuple[Any, ...]]] = ([], [])
         self._histories: list[_History] = []
         self._knows_tools = template_knows_tools(renderer)
 
@@ -103,7 +111,7 @@ class Session:
 
     async def chat(self, messages: list[Message], tools: list[dict[str, Any]], *,
                    max_tokens: int | None) -> Chat:
-        keys = [message_key(m) for m in messages]
+        keys = self._keys(messages)
         prompt = await self._chat_prompt(messages, keys, tools)
         c, segment = await self._sample(prompt, max_tokens)
         text = self.renderer.turn_text(c.token_ids)
@@ -113,6 +121,19 @@ class Session:
         self.conversation = [*messages, reply]  # the trajectory's messages, at the end
         self.final_text = reply["content"]
         return Chat(c, prompt, text, parsed, reply)
+
+    def _keys(self, messages: list[Message]) -> list[tuple[Any, ...]]:
+        """``message_key`` of each message; messages that are the very objects of the last
+        call's (``openai_messages`` reuses what a harness repeats) keep their keys."""
+        last, keys = self._last_keyed
+        n = 0
+        for a, b in zip(messages, last, strict=False):
+            if a is not b:
+                break
+            n += 1
+        out = keys[:n] + [message_key(m) for m in messages[n:]]
+        self._last_keyed = (messages, out)
+        return out
 
     def close(self) -> None:
         """At the end of RUN: the last chat call's conversation becomes the trajectory's

@@ -126,6 +126,7 @@ class ChatRenderer:
             context_length = max_len if isinstance(max_len, int) and 0 < max_len < 10**7 else 8192
         self.context_length = context_length
         self._template_knows_tools = "tools" in (getattr(tokenizer, "chat_template", None) or "")
+        self._constants: dict[str, list[int]] = {}
         self._self_check()
 
     @classmethod
@@ -246,22 +247,29 @@ class ChatRenderer:
     def _turn(self, role: str, content: str) -> list[int]:
         return [self.start_id, *self.encode_text(f"{role}\n{content}"), self.end_id]
 
+    def _constant(self, text: str) -> list[int]:
+        """``encode_text`` of a fixed piece of the template (cached: they recur every turn)."""
+        ids = self._constants.get(text)
+        if ids is None:
+            ids = self._constants[text] = self.encode_text(text)
+        return list(ids)
+
     def observation_ids(self, outputs: Sequence[str]) -> list[int]:
         """The delta after a closed assistant turn: the observation turn(s), then the next
         assistant header. Tokenized alone, appended with loss mask 0."""
         fam = self.family
         wrapped = [f"{fam.tool_prefix}{o}{fam.tool_suffix}" for o in outputs]
         bodies = ["\n".join(wrapped)] if fam.merge_tool_outputs else wrapped
-        nl = self.encode_text("\n")
+        nl = self._constant("\n")
         ids: list[int] = []
         for body in bodies:
             ids += nl + self._turn(fam.tool_role, body)
-        return ids + nl + [self.start_id, *self.encode_text("assistant\n")]
+        return ids + nl + [self.start_id, *self._constant("assistant\n")]
 
     def user_ids(self, content: str) -> list[int]:
         """The delta for a plain user follow-up (e.g. "please call a tool")."""
-        nl = self.encode_text("\n")
-        return nl + self._turn("user", content) + nl + [self.start_id, *self.encode_text("assistant\n")]
+        nl = self._constant("\n")
+        return nl + self._turn("user", content) + nl + [self.start_id, *self._constant("assistant\n")]
 
     def context_of_turn(self, sampled: Sequence[int]) -> list[int]:
         """What of a finished turn stays in the context for later turns: all of it, or (family

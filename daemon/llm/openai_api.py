@@ -95,13 +95,29 @@ _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant"
           "tool": "tool", "function": "tool"}
 
 
-def openai_messages(raw: Any) -> list[Message]:
+@dataclass
+class ReadMessages:
+    """The raw messages of one request and what :func:`openai_messages` read from them: the
+    next request of the same conversation reuses what it repeats."""
+
+    raw: list[Any]
+    messages: list[Message]
+
+
+def openai_messages(raw: Any, *, previous: ReadMessages | None = None) -> list[Message]:
     """OpenAI chat messages in canonical form. Called on a harness's whole history at every
-    call, so the common case (a known role, string content, no tool calls) takes no detour."""
+    call, so the common case (a known role, string content, no tool calls) takes no detour,
+    and with ``previous`` a history that starts with the previous request's raw messages (a
+    comparison done in C) reuses their canonical forms (the same objects) and reads only what
+    follows."""
     if not isinstance(raw, list) or not raw:
         raise _bad("messages must be a non-empty list", "messages")
     out: list[Message] = []
-    for i, m in enumerate(raw):
+    start = 0
+    if previous is not None and len(previous.raw) <= len(raw) and raw[: len(previous.raw)] == previous.raw:
+        out, start = list(previous.messages), len(previous.raw)
+    for i in range(start, len(raw)):
+        m = raw[i]
         if not isinstance(m, dict):
             raise _bad(f"messages[{i}] must be an object", f"messages[{i}]")
         role = _ROLES.get(m.get("role"))  # type: ignore[arg-type]
@@ -208,10 +224,11 @@ class ChatRequest:
     include_usage: bool = False
 
 
-def parse_chat_request(body: Mapping[str, Any]) -> ChatRequest:
-    """Read a ``/v1/chat/completions`` body (``tool_choice: "none"`` drops the tools)."""
+def parse_chat_request(body: Mapping[str, Any], *, previous: ReadMessages | None = None) -> ChatRequest:
+    """Read a ``/v1/chat/completions`` body (``tool_choice: "none"`` drops the tools);
+    ``previous``: see :func:`openai_messages`."""
     check_flags(body)
-    messages = openai_messages(body.get("messages"))
+    messages = openai_messages(body.get("messages"), previous=previous)
     tools = [] if body.get("tool_choice") == "none" else openai_tools(body.get("tools"))
     max_tokens = int_field(body, "max_completion_tokens", "max_tokens")
     options = body.get("stream_options")
