@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 NonBlank = Annotated[str, Field(pattern=r"[^\s\x1c-\x1f]")]
 AbsPath = Annotated[str, Field(pattern=r"^/[^,:\x00]*$")]
+#: An argument of the command: no NUL (an exec would refuse it), not empty or blank.
+Arg = Annotated[str, Field(pattern=r"^[^\x00]*[^\s\x1c-\x1f\x00][^\x00]*$")]
+#: An environment variable's name: not empty, no ``=`` or NUL; its value: no NUL.
+EnvName = Annotated[str, Field(pattern=r"^[^=\x00]+$")]
+EnvValue = Annotated[str, Field(pattern=r"^[^\x00]*$")]
+
+
+def _keys_are_names(schema: dict[str, Any]) -> None:
+    # pydantic writes a dict[EnvName, ...] as patternProperties, which admits other keys too.
+    (pattern, value), = schema.pop("patternProperties").items()
+    schema.update(propertyNames={"pattern": pattern}, additionalProperties=value)
+
+
+EnvMap = Annotated[dict[EnvName, EnvValue], Field(json_schema_extra=_keys_are_names)]
 
 
 class AgentInstall(BaseModel):
@@ -27,12 +41,12 @@ class AgentSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    command: list[NonBlank] = Field(
+    command: list[Arg] = Field(
         min_length=1, description="argv, run in the sandbox's working directory. Its environment "
         "has OPENAI_BASE_URL, OPENAI_API_KEY, ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY (the "
         "rollout's own endpoint and key), ROLLOUTD_TASK_FILE (the task's prompt as text) and "
         "ROLLOUTD_MESSAGES_FILE (the prompt's messages as JSON).")
-    env: dict[NonBlank, str] = Field(default_factory=dict, description="More environment variables.")
+    env: EnvMap = Field(default_factory=dict, description="More environment variables.")
     timeout_s: float | None = Field(
         None, gt=0, le=86_400, description="Stop the harness after this long and go on to EVAL "
         "(the rollout's own timeout_s still bounds everything).")

@@ -10,6 +10,8 @@ Errors raised by ``rolloutd.daemon.llm`` (one tree)::
     ├── BadResponse           an answer we cannot trust (ids and logprobs differ in length, ...)
     ├── NoBackend             no healthy, unpaused backend is registered
     ├── BackendSpecError      a backend spec (``make_backend``) is malformed; also a ValueError
+    ├── RequestError          a chat request that cannot be served (``openai_api``; its HTTP
+    │                         status and field); also a ValueError
     └── RenderError           the token renderer could not keep the conversation append-only
         └── PrefixMismatch    a new prompt does not extend the previous one (a trajectory error)
 """

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rolloutd.daemon.llm.base import Completion
+from rolloutd.daemon.llm.base import Completion, LLMError
 from rolloutd.daemon.llm.parsers import ParsedTurn
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 Message = dict[str, Any]
 
 
-class RequestError(ValueError):
+class RequestError(LLMError, ValueError):
     """A chat request refused with ``status`` (400 unless told); ``param`` names the field."""
 
     def __init__(self, message: str, *, status: int = 400, param: str | None = None) -> None:

@@ -74,7 +74,8 @@ async def test_schemathesis_all_checks_pass(tmp_path: Path):
             env=dict(os.environ, SCHEMATHESIS_HOOKS="tests.hostile._schemathesis_hooks"),
         )
         out = result.stdout.decode(errors="replace")
-        assert result.returncode == 0, out[-6000:]
+        failures = out[out.find("= FAILURES ="):][:8000] if "= FAILURES =" in out else ""
+        assert result.returncode == 0, failures + "\n...\n" + out[-3000:]
         assert "passed" in out and "failures" not in out.rsplit("SUMMARY", 1)[-1], out[-3000:]
         # The daemon is still healthy afterwards.
         async with httpx.AsyncClient() as h:
