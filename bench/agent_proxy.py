@@ -1,18 +1,26 @@
 """The per-rollout agent endpoint: what it adds per LLM call, and one harness-driven rollout.
 
 A real Node pipeline with real bwrap sandboxes (local where bwrap is missing) and the
-scripted backend (a labelled TEST DOUBLE: zero latency, so the figure is the proxy's own):
+scripted backend (a labelled TEST DOUBLE: it answers at once, so the figures are the proxy's
+and the HTTP path's, not a model's):
 
-1. **Proxy overhead.** A client inside the sandbox (stdlib ``http.client``, one keep-alive
-   connection, so the client's own cost stays small) makes ``--calls`` chat calls through the
-   endpoint, each resending the history with one more user turn, as harnesses do. Each
-   call's latency as the client sees it minus the time the daemon spent in
-   ``BackendPool.complete`` for it (``Turn.llm_s``, the anchor: calling the backend directly)
-   is what the endpoint adds: the loopback relay, HTTP, rendering the messages, parsing the
-   reply, recording the tokens. Target: p50 <= 2 ms.
-2. **A harness-driven rollout end to end.** The same client rewrites its history once (a new
-   segment), resends it unchanged otherwise (merged calls), and the rollout is evaluated.
-   Every call's recorded ids and logprobs are compared with what the backend returned.
+1. **Proxy overhead.** One client script (stdlib ``http.client``, one keep-alive connection,
+   ``--calls`` chat calls, each resending the history with one more user turn, as harnesses
+   do) runs twice on the same scripted policy:
+   - *through the endpoint*: inside the rollout's sandbox, via the helper's loopback relay,
+     the endpoint's HTTP server, rendering, sampling on the pool, recording;
+   - *calling an inference server directly*, for context: on the host, against ``rolloutd
+     model-server --backend scripted`` serving the same ``/v1/chat/completions`` (what a
+     harness talks to without rolloutd).
+   What the endpoint adds (the RESULT) is, per call, the client's latency through the
+   endpoint minus the time the daemon spent inside ``BackendPool.complete`` for that call
+   (``Turn.llm_s``): everything but the sampling, the client's own HTTP and JSON included, so
+   it is an upper bound. Call ``i`` of the two runs sees the same history, so the table also
+   shows the per-call difference from calling model-server directly. Target: p50 <= 2 ms.
+2. **A harness-driven rollout end to end.** The ``openai`` client rewrites its history once
+   (a new segment), resends it unchanged otherwise (merged calls), and the rollout is
+   evaluated. Every call's recorded ids and logprobs are compared with what the backend
+   returned.
 
     .venv/bin/python bench/agent_proxy.py            # about 30 s on 2 cores
 
@@ -22,8 +30,11 @@ Ends with: RESULT proxy_overhead_p50_ms=F segments_exact=0|1
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -55,8 +66,8 @@ CLIENT = """
                "Content-Type": "application/json"}
     msgs = [{"role": "user", "content": "What is 1+1?"}]
     def call():
-        conn.request("POST", url.path + "/chat/completions", json.dumps({"model": "m", "messages": msgs}),
-                     headers)
+        body = {"model": os.environ.get("MODEL", "m"), "messages": msgs}
+        conn.request("POST", url.path + "/chat/completions", json.dumps(body), headers)
         reply = json.loads(conn.getresponse().read())["choices"][0]["message"]
         msgs.extend([reply, {"role": "user", "content": "Again."}])  # a harness resends its history
     call()  # warm
@@ -81,6 +92,42 @@ ROLLOUT = """
             msgs.append({"role": "user", "content": question})
     print("ANSWER", r.choices[0].message.content)
 """
+
+
+REPLY = "The answer is 2."
+
+
+def latencies(output: str, what: str) -> list[float]:
+    line = next((x for x in output.splitlines() if x.startswith("LAT ")), None)
+    if line is None:
+        raise SystemExit(f"the client failed {what}: {output[-2000:]}")
+    return [float(x) for x in json.loads(line[4:])]
+
+
+async def direct_latencies(calls: int) -> list[float]:
+    """The same client on the host against ``rolloutd model-server`` (scripted): the anchor."""
+    server = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "rolloutd.daemon.cli", "model-server", "--backend", "scripted",
+         "--reply", REPLY, "--port", "0"], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert server.stdout is not None
+        buf = b""
+        with trio.fail_after(120):
+            while b"\n" not in buf:
+                chunk = await server.stdout.receive_some(4096)
+                if not chunk:
+                    raise SystemExit("model-server did not start")
+                buf += chunk
+        url = buf.split(b"\n")[0].decode().split()[1]
+        env = dict(os.environ, OPENAI_BASE_URL=f"{url}/v1", OPENAI_API_KEY="none",
+                   MODEL="scripted-test-double")
+        res = await trio.run_process([sys.executable, "-c", textwrap.dedent(CLIENT), str(calls)],
+                                     env=env, capture_stdout=True, check=True)
+        return latencies(res.stdout.decode(), "against model-server")
+    finally:
+        with trio.CancelScope(shield=True):
+            server.kill()
+            await server.wait()
 
 
 class Recording(ScriptedBackend):
@@ -143,16 +190,16 @@ async def main(calls: int) -> None:
                 await pool.remove(bid)
                 return job.trajectory, backend
 
-            t, _ = await run(CLIENT, ["The answer is 2."], max_turns=calls + 5, max_total_tokens=10**6)
+            t, _ = await run(CLIENT, [REPLY], max_turns=calls + 5, max_total_tokens=10**6)
             out = t.harness.output_tail if t.harness else ""
-            line = next((x for x in out.splitlines() if x.startswith("LAT ")), None)
-            if line is None:
-                raise SystemExit(f"the client failed: {t.status} {t.error} {out[-2000:]}")
-            import json
-
-            client = json.loads(line[4:])
-            direct = [turn.llm_s for turn in t.turns[1:]]  # the first call warmed up
-            overhead = [(a - b) * 1000 for a, b in zip(client, direct, strict=True)]
+            client = latencies(out, f"through the endpoint: {t.status} {t.error}")
+            in_pool = [turn.llm_s for turn in t.turns[1:]]  # the first call warmed up
+            direct = await direct_latencies(calls)
+            # what the endpoint adds over sampling on the pool (the RESULT: the strict anchor,
+            # which charges the endpoint with the client's HTTP and JSON as well)
+            overhead = [(a - b) * 1000 for a, b in zip(client, in_pool, strict=True)]
+            # and over the same client calling an inference server's own chat API (context)
+            vs_direct = [(a - b) * 1000 for a, b in zip(client, direct, strict=True)]
 
             t2, rec = await run(ROLLOUT, ["Hmm.", "Maybe 2.", "I think 2.", "The answer is 2."])
             ok = exact(t2, rec.log)
@@ -160,11 +207,14 @@ async def main(calls: int) -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    print(f"\nper-call latency over {calls} chat calls ({BACKEND} sandbox, scripted backend, 1 connection)")
-    print(f"{'':28}{'p50 ms':>10}{'p95 ms':>10}{'mean ms':>10}")
-    for name, xs in (("client sees", [x * 1000 for x in client]), ("backend (direct, anchor)", [x * 1000 for x in direct]),
-                     ("endpoint adds", overhead)):
-        print(f"{name:28}{statistics.median(xs):10.3f}{pct(xs, 0.95):10.3f}{statistics.fmean(xs):10.3f}")
+    print(f"\nper-call latency over {calls} chat calls (scripted backend, 1 keep-alive connection)")
+    print(f"{'':44}{'p50 ms':>10}{'p95 ms':>10}{'mean ms':>10}")
+    for name, xs in ((f"through the endpoint ({BACKEND} sandbox)", [x * 1000 for x in client]),
+                     ("model-server directly (same client, host)", [x * 1000 for x in direct]),
+                     ("daemon's pool.complete per call (anchor)", [x * 1000 for x in in_pool]),
+                     ("endpoint adds over pool.complete (RESULT)", overhead),
+                     ("endpoint minus model-server directly", vs_direct)):
+        print(f"{name:44}{statistics.median(xs):10.3f}{pct(xs, 0.95):10.3f}{statistics.fmean(xs):10.3f}")
     info = t2.harness
     print(f"\nharness-driven rollout: status={t2.status.value} reward={t2.reward} calls={info.calls if info else 0} "
           f"merged={info.merged_calls if info else 0} segments={len(t2.segments)} "

@@ -743,38 +743,20 @@ class Helper:
         assert in_w is not None  # stdin is a pipe: not stdin_null
         return {"pid": proc.pid}, b"", (in_w, out_r)
 
-    def op_relay(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
-        """Listen on a loopback TCP port of the sandbox (``port``, 0: any free one) and carry
-        each connection to the Unix socket ``socket`` (a daemon socket in the control dir):
-        a sandbox with no network reaches one daemon endpoint. The relay is a forked child
-        of its own process group (no exec: it needs no interpreter path), reaped and killed
-        like every other."""
-        path = str(req.get("socket") or "")
-        if not path.startswith("/") or "\0" in path:
-            raise Refused("BadRequest", f"relay: invalid socket path {path!r}")
+    def op_listen(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
+        """A TCP socket listening on the sandbox's own loopback (``port``, 0: any free one),
+        passed to the daemon: it accepts there, in the sandbox's network namespace, while
+        the sandbox keeps no other network (one endpoint per sandbox, e.g. an LLM API)."""
         lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             lsock.bind(("127.0.0.1", int(req.get("port") or 0)))
             lsock.listen(128)
             port = lsock.getsockname()[1]
-            pid = self.as_parent(os.fork)
-            if pid == 0:
-                try:
-                    signal.set_wakeup_fd(-1)
-                    restore_signals()
-                    os.setsid()
-                    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-                    keep = lsock.fileno()
-                    os.closerange(3, keep)
-                    os.closerange(keep + 1, 1 << 16)
-                    relay(lsock, path)
-                finally:
-                    os._exit(0)
+            fd = os.dup(lsock.fileno())
         finally:
             lsock.close()
-        self.procs[pid] = Proc(pid)
-        return {"pid": pid, "port": port}, b"", ()
+        return {"port": port}, b"", (fd,)
 
     def op_wait(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
         pid = int(req["pid"])
@@ -1130,51 +1112,6 @@ class Helper:
         finally:
             os.close(dfd)
         return {}, b"", ()
-
-
-def relay(lsock: socket.socket, path: str) -> None:
-    """The relay's body (a forked child of the helper): accept forever; per connection, one
-    thread per direction copies bytes until EOF, passes the half-close on, and the second to
-    finish closes both sockets."""
-    import _thread
-
-    def pump(src: socket.socket, dst: socket.socket, done: "list[int]", lock: "Any") -> None:
-        try:
-            while True:
-                data = src.recv(CHUNK)
-                if not data:
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-        try:
-            dst.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-        with lock:
-            done[0] += 1
-            last = done[0] == 2
-        if last:
-            src.close()
-            dst.close()
-
-    while True:
-        try:
-            fd, _ = lsock._accept()  # type: ignore[attr-defined]
-        except InterruptedError:
-            continue
-        client = socket.socket(fileno=fd)
-        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            upstream.connect(path)
-        except OSError:
-            client.close()
-            upstream.close()
-            continue
-        done, lock = [0], _thread.allocate_lock()
-        _thread.start_new_thread(pump, (client, upstream, done, lock))
-        _thread.start_new_thread(pump, (upstream, client, done, lock))
 
 
 def same_dir(a: str, b: str) -> bool:

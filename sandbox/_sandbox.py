@@ -3,6 +3,7 @@ the sandbox's helper, so the three backends behave the same above this line."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -156,14 +157,15 @@ class Sandbox:
         activated conda env); per-call ``env`` still goes over it."""
         await self._call("setenv", {"set": dict(set), "unset": list(unset)})
 
-    async def relay(self, socket_path: str, *, port: int = 0) -> int:
-        """Carry TCP connections to ``127.0.0.1:<port>`` inside the sandbox to the Unix socket
-        ``socket_path`` (which must be reachable inside, e.g. in the control dir); return the
-        port (``port`` 0: a free one). The sandbox keeps no other network: this is how a
-        process in it reaches one daemon endpoint. The relay ends with the sandbox (and with
-        :meth:`kill_all`). With the local backend the port is on the host's loopback."""
-        reply, _, _ = await self._call("relay", {"socket": socket_path, "port": port})
-        return int(reply["port"])
+    async def listen(self, *, port: int = 0) -> tuple[int, trio.socket.SocketType]:
+        """A TCP socket listening on ``127.0.0.1:<port>`` of the sandbox's own network
+        namespace (``port`` 0: a free one), opened by the helper and handed over: the daemon
+        accepts the sandbox's connections on it, and the sandbox keeps no other network.
+        Returns the port and the socket (the caller closes it). With the local backend the
+        port is on the host's loopback."""
+        reply, _, fds = await self._call("listen", {"port": port})
+        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM, fileno=fds[0])
+        return int(reply["port"]), sock
 
     async def kill_all(self) -> None:
         """SIGKILL every process of the sandbox but its helper (what shutdown ends): e.g.

@@ -34,7 +34,7 @@ _ROUTES: dict[str, tuple[Route, Callable[[ApiError], dict[str, Any]]]] = {
 
 
 class Endpoint:
-    """The app :func:`rolloutd.daemon.harness._http.serve_unix` serves for one rollout."""
+    """The app :func:`rolloutd.daemon.harness._http.serve_socket` serves for one rollout."""
 
     def __init__(self, session: Session, *, key: str, model: str) -> None:
         self.session = session

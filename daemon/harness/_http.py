@@ -1,7 +1,7 @@
 """A small HTTP/1.1 server on h11 for one rollout's endpoint (DESIGN section 13).
 
-One per harness-driven rollout, on a Unix socket in the sandbox's control dir, reached from
-inside the sandbox through the helper's TCP relay. It is h11 (the HTTP state machine that
+One per harness-driven rollout, accepting on a loopback port of the sandbox's own network
+namespace (a socket the sandbox's helper opened there and handed to the daemon). It is h11 (the HTTP state machine that
 hypercorn and httpx use) driven by Trio, not a second Quart app: a call through it costs well
 under a millisecond, where the proxy's budget is 2 ms per call (bench/agent_proxy.py).
 
@@ -138,20 +138,10 @@ async def _respond(stream: trio.abc.Stream, conn: h11.Connection, resp: Response
     await _send(stream, conn, h11.EndOfMessage())
 
 
-async def serve_unix(path: str, app: App, *,
-                     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Listen on the Unix socket ``path`` (mode 0666: the sandbox's user must connect) and
-    serve ``app`` until cancelled; the socket file is removed at the end."""
-    import os
-
-    sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
-    try:
-        await sock.bind(path)
-        os.chmod(path, 0o666)
-        sock.listen(64)
-    except BaseException:
-        sock.close()
-        raise
+async def serve_socket(sock: trio.socket.SocketType, app: App, *,
+                       task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve ``app`` on the listening socket ``sock`` until cancelled; ``sock`` is closed at
+    the end."""
     listener = trio.SocketListener(sock)
 
     async def handler(stream: trio.SocketStream) -> None:
@@ -160,12 +150,6 @@ async def serve_unix(path: str, app: App, *,
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
 
-    try:
-        async with listener, trio.open_nursery() as nursery:
-            await nursery.start(trio.serve_listeners, handler, [listener])
-            task_status.started()
-    finally:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+    async with listener, trio.open_nursery() as nursery:
+        await nursery.start(trio.serve_listeners, handler, [listener])
+        task_status.started()

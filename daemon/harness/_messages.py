@@ -134,9 +134,9 @@ def message_key(m: Mapping[str, Any]) -> tuple[Any, ...]:
     return m.get("role"), (m.get("content") or "").strip()
 
 
-def same_history(history: Sequence[tuple[Any, ...]], keys: Sequence[tuple[Any, ...]]) -> bool:
+def same_history(history: list[tuple[Any, ...]], keys: list[tuple[Any, ...]]) -> bool:
     """Whether messages with ``keys`` start with the ``history`` (both :func:`message_key`)."""
-    return len(keys) >= len(history) and all(a == b for a, b in zip(history, keys, strict=False))
+    return len(keys) >= len(history) and keys[: len(history)] == history  # compared in C
 
 
 def tools_key(tools: Sequence[Mapping[str, Any]]) -> str:

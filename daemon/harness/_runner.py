@@ -1,15 +1,16 @@
-"""RUN for a task with ``agent``: the endpoint, the relay, the harness, and its end.
+"""RUN for a task with ``agent``: the endpoint, the harness, and its end.
 
 INIT (:func:`install_agent`) installs the harness from a wheel directory when the task asks.
 RUN (:func:`run_harness`):
 
-1. serves the rollout's endpoint on a Unix socket in the sandbox's control dir;
-2. has the sandbox's helper relay ``127.0.0.1:<port>`` inside the sandbox to it (the sandbox
-   keeps no network);
-3. writes the task's prompt where the harness can read it (``ROLLOUTD_TASK_FILE``, text;
+1. has the sandbox's helper open a socket listening on ``127.0.0.1:<port>`` of the sandbox's
+   own network namespace and hand it over on the control socket (``Sandbox.listen``), and
+   serves the rollout's endpoint on it: the daemon accepts the harness's connections itself,
+   with no relay, and the sandbox keeps no other network;
+2. writes the task's prompt where the harness can read it (``ROLLOUTD_TASK_FILE``, text;
    ``ROLLOUTD_MESSAGES_FILE``, JSON) and starts the command with the endpoint in its
    environment, stdin at EOF, stdout and stderr captured (the tail is kept);
-4. waits for it to exit, for ``agent.timeout_s``, or for an infrastructure failure (which
+3. waits for it to exit, for ``agent.timeout_s``, or for an infrastructure failure (which
    fails the rollout); the rollout's own deadline and cancel end it as for the built-in loop.
 
 Whatever ended it, the harness's process group is killed before RUN returns (shielded,
@@ -28,14 +29,13 @@ import trio
 
 from rolloutd.daemon.harness._endpoint import Endpoint
 from rolloutd.daemon.harness._errors import HarnessError
-from rolloutd.daemon.harness._http import serve_unix
+from rolloutd.daemon.harness._http import serve_socket
 from rolloutd.daemon.harness._spec import AGENT_VENV, WHEELS_DIR, AgentInstall, AgentSpec
 
 if TYPE_CHECKING:
     from rolloutd.daemon.harness._session import Session
     from rolloutd.sandbox import Sandbox
 
-SOCKET_NAME = "m.sock"
 TASK_NAME = "task.md"
 MESSAGES_NAME = "messages.json"
 OUTPUT_TAIL = 8000
@@ -112,12 +112,11 @@ async def run_harness(sandbox: Sandbox, spec: AgentSpec, session: Session,
     info = session.info
     info.command = list(spec.command)
     key = "sk-rollout-" + secrets.token_urlsafe(24)
-    sock = str(sandbox.control_dir / SOCKET_NAME)
     task_file, messages_file = _write_prompt(sandbox, messages)
     tail = bytearray()
     async with trio.open_nursery() as nursery:
-        await nursery.start(serve_unix, sock, Endpoint(session, key=key, model=spec.model))
-        port = await sandbox.relay(sock)
+        port, sock = await sandbox.listen()
+        await nursery.start(serve_socket, sock, Endpoint(session, key=key, model=spec.model))
         env = harness_env(spec, sandbox, port=port, key=key, task_file=task_file,
                           messages_file=messages_file)
         proc = await sandbox.spawn(harness_argv(spec, sandbox), env=env)
