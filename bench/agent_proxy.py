@@ -38,14 +38,13 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from rolloutd.daemon.config import Settings
-from rolloutd.daemon.llm.base import Completion, SamplingParams
+from rolloutd.daemon.llm.base import Completion
 from rolloutd.daemon.llm.chat import embedded_renderer
 from rolloutd.daemon.llm.pool import BackendPool
 from rolloutd.daemon.llm.scripted import ScriptedBackend
@@ -130,20 +129,6 @@ async def direct_latencies(calls: int) -> list[float]:
             await server.wait()
 
 
-class Recording(ScriptedBackend):
-    """TEST DOUBLE: the scripted backend, keeping every (prompt, completion) it answered."""
-
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.log: list[tuple[list[int], Completion]] = []
-
-    async def complete(self, prompt_ids: Sequence[int], params: SamplingParams, *,
-                       max_tokens: int) -> Completion:
-        c = await super().complete(prompt_ids, params, max_tokens=max_tokens)
-        self.log.append((list(prompt_ids), c))
-        return c
-
-
 def exact(t: Trajectory, log: list[tuple[list[int], Completion]]) -> bool:
     if len(t.turns) != len(log) or not t.segments:
         return False
@@ -180,8 +165,8 @@ async def main(calls: int) -> None:
             await nursery.start(node.pipeline.run)
             node.ready = True
 
-            async def run(script: str, replies: list[str], **limits: Any) -> tuple[Trajectory, Recording]:
-                backend = Recording(renderer, replies)
+            async def run(script: str, replies: list[str], **limits: Any) -> tuple[Trajectory, ScriptedBackend]:
+                backend = ScriptedBackend(renderer, replies, record=True)  # TEST DOUBLE
                 bid = pool.add(backend, backend_id="scripted")
                 task = {"kind": "math", "question": "What is 1+1?", "answer": "2",
                         "agent": {"command": [sys.executable, "-c", textwrap.dedent(script), str(calls)]}}
@@ -202,7 +187,7 @@ async def main(calls: int) -> None:
             vs_direct = [(a - b) * 1000 for a, b in zip(client, direct, strict=True)]
 
             t2, rec = await run(ROLLOUT, ["Hmm.", "Maybe 2.", "I think 2.", "The answer is 2."])
-            ok = exact(t2, rec.log)
+            ok = rec.log is not None and exact(t2, rec.log)
             nursery.cancel_scope.cancel()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

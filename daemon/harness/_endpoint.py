@@ -77,6 +77,4 @@ class Endpoint:
             except RequestError as exc:  # a request the shared OpenAI shapes refuse
                 raise ApiError(exc.status, exc.message, param=exc.param) from None
         except ApiError as exc:
-            if exc.status == 400 and exc.code == "rollout_budget_exhausted":
-                self.session.info.refused_calls += 1
             return Response(exc.status, shape(exc))

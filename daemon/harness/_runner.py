@@ -112,7 +112,7 @@ async def run_harness(sandbox: Sandbox, spec: AgentSpec, session: Session,
     info = session.info
     info.command = list(spec.command)
     key = "sk-rollout-" + secrets.token_urlsafe(24)
-    task_file, messages_file = _write_prompt(sandbox, messages)
+    task_file, messages_file = await trio.to_thread.run_sync(_write_prompt, sandbox, messages)
     tail = bytearray()
     async with trio.open_nursery() as nursery:
         port, sock = await sandbox.listen()

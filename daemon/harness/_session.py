@@ -188,10 +188,12 @@ class Session:
     def _budget(self, prompt: Sequence[int], asked: int | None) -> int:
         lim = self.limits
         if self.started >= lim.max_turns:
+            self.info.refused_calls += 1
             raise ApiError(400, f"this rollout's limit of {lim.max_turns} LLM calls is reached "
                            "(limits.max_turns)", code="rollout_budget_exhausted")
         left = lim.max_total_tokens - self.sampled_total
         if left <= 0:
+            self.info.refused_calls += 1
             raise ApiError(400, f"this rollout's limit of {lim.max_total_tokens} sampled tokens is "
                            "reached (limits.max_total_tokens)", code="rollout_budget_exhausted")
         room = self.renderer.context_length - len(prompt)

@@ -29,7 +29,8 @@ def fake_logprob(token_id: int, position: int) -> float:
 
 
 class ScriptedBackend:
-    """Replays ``replies`` (strings, or one callable ``(turn, prompt_ids) -> str``).
+    """Replays ``replies`` (strings, or one callable ``(turn, prompt_ids) -> str``);
+    ``record=True`` keeps every answer in ``log``.
 
     ``latency_s`` is slept per request and ``per_token_s`` per returned token (trio.sleep, so
     autojump clocks make them free). ``set_down(True)`` makes it fail like a dead server.
@@ -45,6 +46,7 @@ class ScriptedBackend:
         latency_s: float = 0.0,
         per_token_s: float = 0.0,
         name: str = LABEL,
+        record: bool = False,
     ) -> None:
         if not callable(replies) and not replies:
             raise ValueError("a scripted backend needs at least one reply")
@@ -56,6 +58,9 @@ class ScriptedBackend:
         self.url: str | None = None
         self.calls = 0
         self.down = False
+        #: With ``record``: every (prompt ids, completion) answered, in order (for checking
+        #: that a trajectory holds exactly what the backend returned).
+        self.log: list[tuple[list[int], Completion]] | None = [] if record else None
         self._header = [renderer.start_id, *renderer.encode_text("assistant\n")]
 
     def set_down(self, down: bool) -> None:
@@ -91,12 +96,15 @@ class ScriptedBackend:
         if self.down:  # died while "generating"
             raise BackendUnavailable(f"{self.name} went down mid-request")
         start = len(prompt_ids)
-        return Completion(
+        c = Completion(
             token_ids=ids,
             logprobs=[fake_logprob(t, start + i) for i, t in enumerate(ids)],
             finish_reason=finish,
             backend=self.name,
         )
+        if self.log is not None:
+            self.log.append((list(prompt_ids), c))
+        return c
 
     async def health(self) -> bool:
         await trio.lowlevel.checkpoint()

@@ -1,41 +1,26 @@
 """Harness-driven rollouts end to end: a harness in a real sandbox calls the rollout's endpoint
 with the official ``openai`` and ``anthropic`` clients; the scripted backend (TEST DOUBLE,
-wrapped by :class:`Recording`, also a test double) is the policy, so every call's recorded
+recording what it answers) is the policy, so every call's recorded
 ids and logprobs can be checked against what the backend returned."""
 
 from __future__ import annotations
 
 import sys
 import textwrap
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-from rolloutd.daemon.llm.base import Completion, SamplingParams
 from rolloutd.daemon.llm.scripted import ScriptedBackend
 from rolloutd.daemon.trajectory import Status, Trajectory
 from tests.tasks.conftest import Harness, renderer, tool_call
 
 
-class Recording(ScriptedBackend):
-    """TEST DOUBLE: the scripted backend, keeping every (prompt, completion) it answered."""
-
-    def __init__(self, replies: Any, **kw: Any) -> None:
-        super().__init__(renderer(), replies, **kw)
-        self.log: list[tuple[list[int], Completion]] = []
-
-    async def complete(self, prompt_ids: Sequence[int], params: SamplingParams, *,
-                       max_tokens: int) -> Completion:
-        c = await super().complete(prompt_ids, params, max_tokens=max_tokens)
-        self.log.append((list(prompt_ids), c))
-        return c
-
-
-async def policy(h: Harness, replies: Any, **kw: Any) -> Recording:
+async def policy(h: Harness, replies: Any, **kw: Any) -> ScriptedBackend:
+    """The scripted backend (TEST DOUBLE) as the policy, keeping every answer in ``log``."""
     if h._backend_id is not None:
         await h.pool.remove(h._backend_id)
-    backend = Recording(replies, **kw)
+    backend = ScriptedBackend(renderer(), replies, record=True, **kw)
     h._backend_id = h.pool.add(backend, backend_id="scripted")
     return backend
 
@@ -45,10 +30,10 @@ def task(script: str, **agent: Any) -> dict[str, Any]:
             "agent": {"command": [sys.executable, "-c", textwrap.dedent(script)], **agent}}
 
 
-def check_exact(t: Trajectory, backend: Recording) -> None:
+def check_exact(t: Trajectory, backend: ScriptedBackend) -> None:
     """Call by call: the segment holds the prompt the backend got, then exactly its ids and
     logprobs (loss mask 1); the top-level sequence is the last segment."""
-    assert len(t.turns) == len(backend.log)
+    assert backend.log is not None and len(t.turns) == len(backend.log)
     for turn, (prompt, c) in zip(t.turns, backend.log, strict=True):
         assert turn.segment is not None
         seg = t.segments[turn.segment]
