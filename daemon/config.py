@@ -103,6 +103,10 @@ class Settings(BaseModel):
 
     # --- LLM ---
     embedded_model: bool = False
+    #: who serves the embedded model: the vLLM CPU engine (extra ``cpu``) where installed
+    #: (auto), required (vllm), or the in-process transformers backend
+    embedded_engine: Literal["auto", "vllm", "transformers"] = "auto"
+    embedded_kv_cache_gib: int = Field(1, ge=1, le=1024)  # the vLLM CPU engine's KV cache (whole GiB)
     backends: list[dict[str, Any]] = Field(default_factory=list)
     tokenizer: str | None = None
     chat_family: Literal["chatml", "qwen"] = "chatml"
@@ -113,6 +117,8 @@ class Settings(BaseModel):
     spawn_vllm_port: int = Field(8000, ge=1, le=65535)
     health_interval_s: float = Field(5.0, gt=0)
     llm_request_timeout_s: float = Field(600.0, gt=0)
+    #: how long a turn waits for a registered or starting backend to become healthy
+    llm_backend_wait_s: float = Field(300.0, ge=0)
 
     # --- federation ---
     seeds: list[str] = Field(default_factory=list)

@@ -33,6 +33,8 @@ from rolloutd.daemon.errors import DaemonError
 from rolloutd.daemon.node import Node
 from rolloutd.daemon.trajectory import Status, Trajectory
 
+ENGINE_LABELS = {"vllm": "vLLM CPU engine", "transformers": "in-process transformers", None: ""}
+
 #: The batch. Small limits keep the whole demo within ~3 minutes on 2 CPU cores.
 MATH_TASKS: list[dict[str, Any]] = [
     {"kind": "math", "id": "math-add", "question": "What is 17 + 25?", "answer": "42"},
@@ -211,8 +213,22 @@ async def _drive(client: AsyncClient, node: Node, rows: list[Row], console: Cons
     console.print()
 
 
+async def _engine_ready(node: Node, console: Console) -> float:
+    """Wait until the embedded model's backend is healthy; seconds waited."""
+    from rolloutd.daemon.llm.cpu_engine import EMBEDDED_ID
+
+    started = time.monotonic()
+    with console.status("starting the vLLM CPU engine (about 30-70 s) ..."):
+        while node.embedded_engine == "vllm" and node.services.pool is not None:
+            if any(b["id"] == EMBEDDED_ID and b["healthy"] for b in node.services.pool.describe()):
+                break
+            await trio.sleep(0.2)
+    return time.monotonic() - started
+
+
 async def run_demo(out: Path, state_dir: Path, console: Console, *,
-                   policy: list[str] | None = None, swe: bool = False) -> int:
+                   policy: list[str] | None = None, swe: bool = False, engine: str = "auto",
+                   timings: dict[str, float] | None = None) -> int:
     from rolloutd.daemon.tasks.swe_examples import make_swe_repos
 
     backend = choose_sandbox_backend(state_dir, console)
@@ -229,25 +245,34 @@ async def run_demo(out: Path, state_dir: Path, console: Console, *,
 
     settings = Settings(
         host="127.0.0.1", port=0, state_dir=state_dir, sandbox_backend=backend,
-        embedded_model=policy is None,
+        embedded_model=policy is None, embedded_engine=engine,
         backends=[] if policy is None else [{"kind": "scripted", "replies": policy}],
-        n_init=2, n_run=2, n_eval=2, drain_timeout_s=5.0, log_level="warning",
+        # every rollout's RUN at once: the vLLM engine batches their turns
+        n_init=2, n_run=len(tasks), n_eval=2, drain_timeout_s=5.0, log_level="warning",
     )
-    model = ("SmolLM2-135M-Instruct, embedded, CPU" if policy is None
-             else "scripted replies (TEST DOUBLE, not a model)")
     rows = [Row(t) for t in tasks]
     started = time.monotonic()
     async with trio.open_nursery() as nursery:
         node: Node = await nursery.start(Node(settings).run)
         try:
             url = node.urls[0]
+            model = (f"SmolLM2-135M-Instruct, embedded, CPU, {ENGINE_LABELS[node.embedded_engine]}"
+                     if policy is None else "scripted replies (TEST DOUBLE, not a model)")
             console.print(f"[bold]rolloutd demo[/bold]  daemon {url}  model: {model}  "
                           f"sandbox: {backend}  tasks: {len(tasks)}")
-            if policy is None:
+            if node.embedded_engine == "vllm":
+                ready_s = await _engine_ready(node, console)
+                console.print(f"[dim]vLLM CPU engine ready in {ready_s:.0f} s[/dim]")
+                if timings is not None:
+                    timings["engine_ready_s"] = ready_s
+            elif policy is None:
                 console.print("[dim]The first model turn includes loading the model "
                               "(~30 s the first time).[/dim]")
+            rollouts_started = time.monotonic()
             async with AsyncClient(url, token=node.token) as client:
                 await _drive(client, node, rows, console)
+            if timings is not None:
+                timings["rollouts_s"] = time.monotonic() - rollouts_started
         finally:
             node.request_stop()
 
@@ -273,10 +298,12 @@ async def run_demo(out: Path, state_dir: Path, console: Console, *,
 
 def main(out: Path = Path("trajectories.jsonl"), state_dir: Path | None = None, *,
          policy: list[str] | None = None, console: Console | None = None,
-         swe: bool = False) -> int:
+         swe: bool = False, engine: str = "auto", timings: dict[str, float] | None = None) -> int:
     """Run the demo; 0 when every rollout ran to a result. ``policy`` (scripted replies, a
     TEST DOUBLE) replaces the model, for the test that exercises this code path. ``swe``: a
-    few instances of the SWE set (examples/swe_set) in their images instead of the mix."""
+    few instances of the SWE set (examples/swe_set) in their images instead of the mix.
+    ``engine``: the embedded model's engine (``auto``: vLLM's CPU build where installed).
+    ``timings`` (if given) gets ``engine_ready_s`` (vLLM) and ``rollouts_s``."""
     console = console or Console()
     handler = RichHandler(console=console, show_path=False, show_time=False)
     root = logging.getLogger()
@@ -287,7 +314,8 @@ def main(out: Path = Path("trajectories.jsonl"), state_dir: Path | None = None, 
     # A short path: sandbox socket paths must fit in 107 bytes.
     state = Path(tempfile.mkdtemp(prefix="rolloutd-demo-")) if state_dir is None else state_dir
     try:
-        return trio.run(lambda: run_demo(out, state, console, policy=policy, swe=swe))
+        return trio.run(lambda: run_demo(out, state, console, policy=policy, swe=swe, engine=engine,
+                                         timings=timings))
     except RolloutdError as exc:
         console.print(f"[bold red]the demo daemon answered an error: {exc}[/bold red]")
         return 1

@@ -22,10 +22,14 @@ get ``drain_timeout_s`` to finish, then are cancelled; sandboxes are torn down; 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+import shutil
 import signal
 import socket
+import tempfile
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -97,6 +101,8 @@ class Node:
         self.front = Front(self.service, self.sampler, self.journal, intake=self.submit,
                            renderer=lambda: self.services.renderer)
         self.backends = Backends(settings, lambda: self.services.pool)
+        #: which engine serves the embedded model ("vllm" or "transformers"; None: none served)
+        self.embedded_engine: str | None = None
         self.urls: list[str] = []
         self.ready = False
         self.draining = False
@@ -277,17 +283,57 @@ class Node:
         )
         await nursery.start(supervisor.run)
         self.services.supervisor = supervisor
-        pool = BackendPool(health_interval_s=s.health_interval_s, request_timeout_s=s.llm_request_timeout_s)
+        pool = BackendPool(health_interval_s=s.health_interval_s, request_timeout_s=s.llm_request_timeout_s,
+                           backend_wait_s=s.llm_backend_wait_s)
         await nursery.start(pool.run)
         self.services.pool = pool
         if s.embedded_model or s.backends:
             renderer = await self.backends.renderer()
             if s.embedded_model:
-                pool.add(make_backend({"kind": "transformers"}, renderer=renderer), backend_id="embedded")
+                self._start_embedded(nursery, pool)
             for spec in s.backends:
                 pool.add(make_backend(spec, renderer=renderer), backend_id=spec.get("id"))
         if s.spawn_vllm:
             await self._spawn_vllm(nursery, pool)
+
+    def _start_embedded(self, nursery: trio.Nursery, pool: BackendPool) -> None:
+        """The embedded model: the vLLM CPU engine (supervised, started in the background:
+        turns wait for it) or the in-process transformers backend (loads on first use)."""
+        from rolloutd.daemon.llm.cpu_engine import EMBEDDED_ID, choose_engine
+        from rolloutd.daemon.llm.pool import make_backend
+
+        engine, why = choose_engine(self.settings.embedded_engine)
+        self.embedded_engine = engine
+        if engine == "vllm":
+            nursery.start_soon(self._run_embedded_vllm, pool, name="embedded-vllm")
+            return
+        log.warning("embedded model: the in-process transformers backend serves it, one request "
+                    "at a time (%s)", why)
+        pool.add(make_backend({"kind": "transformers"}), backend_id=EMBEDDED_ID)
+
+    async def _run_embedded_vllm(self, pool: BackendPool) -> None:
+        from rolloutd.daemon.llm.cpu_engine import EMBEDDED_ID, embedded_server
+        from rolloutd.daemon.llm.pool import make_backend
+        from rolloutd.daemon.llm.spawn import ServerFailed, supervise_server
+
+        s = self.settings
+        socket_dir = Path(tempfile.mkdtemp(prefix="rolloutd-vllm-"))  # mode 0700, a short path
+        try:
+            with pool.expect(EMBEDDED_ID):  # turns wait while the weights convert
+                spec = await trio.to_thread.run_sync(functools.partial(
+                    embedded_server, socket_dir, log_path=s.state_dir / "logs" / "embedded-vllm.log",
+                    kv_cache_gib=s.embedded_kv_cache_gib))
+            log.info("embedded model: starting the vLLM CPU engine (log %s)", spec.log_path)
+            await supervise_server(spec, pool)
+        except ServerFailed as exc:
+            if s.embedded_engine == "vllm":
+                raise
+            log.error("embedded model: the vLLM CPU engine failed (%s); the in-process transformers "
+                      "backend serves it instead", exc)
+            self.embedded_engine = "transformers"
+            pool.add(make_backend({"kind": "transformers"}), backend_id=EMBEDDED_ID)
+        finally:
+            shutil.rmtree(socket_dir, ignore_errors=True)
 
     async def _spawn_vllm(self, nursery: trio.Nursery, pool: BackendPool) -> None:
         """One supervised ``vllm serve`` child per GPU, each registered as a backend."""

@@ -79,6 +79,53 @@ def load_tokenizer() -> Any:
         return AutoTokenizer.from_pretrained(str(dest))
 
 
+def _convert(dest: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    src = gguf_path()
+    model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
+    # The weights are dequantized to float32 on load; only the marker remains, and it
+    # makes save_pretrained refuse. Drop it so the cache holds a plain checkpoint.
+    setattr(model, "hf_quantizer", None)  # noqa: B010
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    _save_atomically(model, dest)
+
+
+def model_dir() -> Path:
+    """The converted float32 checkpoint (``config.json`` + ``model.safetensors``), converted
+    from the GGUF on the first call ever: what the vLLM CPU engine serves."""
+    with _LOCK:
+        dest = cache_dir() / "model"
+        if not dest.is_dir():
+            _convert(dest)
+        return dest
+
+
+def served_dir() -> Path:
+    """A directory with the checkpoint and the tokenizer side by side, as servers (vLLM)
+    expect a model directory: links to the cached files, made once."""
+    model, tokenizer = model_dir(), tokenizer_dir()
+    with _LOCK:
+        dest = cache_dir() / "served"
+        if not dest.is_dir():
+            tmp = Path(tempfile.mkdtemp(prefix="served.", dir=dest.parent))
+            for src in (*model.iterdir(), *tokenizer.iterdir()):
+                (tmp / src.name).symlink_to(src)
+            try:
+                tmp.rename(dest)
+            except OSError:  # another process made it first
+                shutil.rmtree(tmp, ignore_errors=True)
+        return dest
+
+
+def tokenizer_dir() -> Path:
+    """The saved tokenizer directory (written on the first call ever)."""
+    load_tokenizer()
+    return cache_dir() / "tokenizer"
+
+
 def load_model(*, threads: int | None = None) -> Any:
     """The SmolLM2 model in float32 on CPU, in eval mode (converted once, then cached)."""
     import torch
@@ -86,19 +133,6 @@ def load_model(*, threads: int | None = None) -> Any:
 
     if threads:
         torch.set_num_threads(threads)
-    with _LOCK:
-        dest = cache_dir() / "model"
-        if not dest.is_dir():
-            src = gguf_path()
-            model = AutoModelForCausalLM.from_pretrained(
-                str(src.parent), gguf_file=src.name, dtype=torch.float32
-            )
-            # The weights are dequantized to float32 on load; only the marker remains, and it
-            # makes save_pretrained refuse. Drop it so the cache holds a plain checkpoint.
-            setattr(model, "hf_quantizer", None)  # noqa: B010
-            if hasattr(model.config, "quantization_config"):
-                del model.config.quantization_config
-            _save_atomically(model, dest)
-        model = AutoModelForCausalLM.from_pretrained(str(dest), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir()), dtype=torch.float32)
     model.eval()
     return model

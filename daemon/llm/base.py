@@ -12,6 +12,8 @@ Errors raised by ``rolloutd.daemon.llm`` (one tree)::
     ├── BackendSpecError      a backend spec (``make_backend``) is malformed; also a ValueError
     ├── RequestError          a chat request that cannot be served (``openai_api``; its HTTP
     │                         status and field); also a ValueError
+    ├── ServerFailed          a supervised server cannot be kept running (``spawn``)
+    ├── EngineUnavailable     the vLLM CPU engine was required where it cannot run (``cpu_engine``)
     └── RenderError           the token renderer could not keep the conversation append-only
         └── PrefixMismatch    a new prompt does not extend the previous one (a trajectory error)
 """

@@ -13,7 +13,11 @@ Unhealthy backends are skipped; the health loop (:meth:`BackendPool.run`) probes
 every ``health_interval_s`` and brings recovered ones back. A request that fails with
 :class:`BackendUnavailable` (or exceeds ``request_timeout_s``) marks its backend unhealthy and
 is retried on another; the rollout (and its group) moves there, and the completion records
-``retries`` and ``switches`` in ``Completion.extra``. :meth:`pause` stops dispatch and waits
+``retries`` and ``switches`` in ``Completion.extra``. When no healthy backend is left, a turn
+fails with :class:`NoBackend` at once, unless a backend is expected (:meth:`expect`: a
+supervised server, which is starting or restarting): then it waits up to ``backend_wait_s``
+for one to become healthy and retries there (a backend that failed this request is tried
+again once a probe has found it healthy). Dead backends that nobody restarts fail turns at once. :meth:`pause` stops dispatch and waits
 for in-flight requests to drain (weight sync); :meth:`resume` lets waiting turns go on. Every
 completion is stamped with ``policy_version`` at dispatch and at return. :meth:`reload` is the
 whole weight sync from a directory for one backend (pause, load, set the version, resume; see
@@ -25,7 +29,8 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,10 +85,13 @@ class BackendPool:
         health_interval_s: float = 5.0,
         request_timeout_s: float = 600.0,
         probe_timeout_s: float = 5.0,
+        backend_wait_s: float = 0.0,
     ) -> None:
         self.health_interval_s = health_interval_s
         self.request_timeout_s = request_timeout_s
         self.probe_timeout_s = probe_timeout_s
+        self.backend_wait_s = backend_wait_s
+        self._expected: dict[str, int] = {}
         self.policy_version = 0
         self._members: dict[str, _Member] = {}
         self._sticky: dict[str, str] = {}
@@ -109,7 +117,22 @@ class BackendPool:
             raise ValueError(f"backend id {bid!r} is already registered")
         self._members[bid] = _Member(bid, backend, next(self._order))
         log.info("backend %s added (%s)", bid, getattr(backend, "url", None) or backend.name)
+        self._notify()
         return bid
+
+    @contextmanager
+    def expect(self, backend_id: str) -> Iterator[None]:
+        """While this is entered a backend is on its way (a supervised server starting or
+        restarting): a turn that finds no healthy backend waits for one, up to
+        ``backend_wait_s``, instead of failing with ``NoBackend`` at once."""
+        self._expected[backend_id] = self._expected.get(backend_id, 0) + 1
+        try:
+            yield
+        finally:
+            self._expected[backend_id] -= 1
+            if not self._expected[backend_id]:
+                del self._expected[backend_id]
+            self._notify()
 
     async def remove(self, backend_id: str) -> None:
         """Stop routing to a backend, wait (bounded) for its requests, and close it."""
@@ -252,7 +275,10 @@ class BackendPool:
             log.info("backend %s is healthy again", m.id)
         elif not ok and m.healthy:
             log.warning("backend %s failed its health probe", m.id)
+        changed = m.healthy != ok
         m.healthy = ok
+        if changed:
+            self._notify()
 
     async def aclose(self) -> None:
         for m in list(self._members.values()):
@@ -329,16 +355,28 @@ class BackendPool:
         self._stats.requests += 1
         pv_start = self.policy_version
         previous = self._sticky.get(sticky_key)
-        tried: list[str] = []
+        tried: list[str] = []  # every failed attempt (counted as retries)
+        excluded: list[str] = []  # failed and not healthy again since
         switches: list[str] = []
+        deadline: float | None = None
         while True:
             while self._paused:
                 await self._unpaused.wait()
             try:
-                bid = self.route(sticky_key, group_key, exclude=tried)
+                bid = self.route(sticky_key, group_key, exclude=excluded)
             except NoBackend:
-                self._stats.errors += 1
-                raise
+                if deadline is None:
+                    deadline = trio.current_time() + self.backend_wait_s
+                if not self._expected or trio.current_time() >= deadline:
+                    self._stats.errors += 1
+                    if deadline is not None and self.backend_wait_s:
+                        raise NoBackend(f"no healthy backend within {self.backend_wait_s:g} s"
+                                        + (f" (tried {tried})" if tried else "")) from None
+                    raise
+                with trio.move_on_at(deadline):
+                    await self._wait_changed()
+                excluded = [b for b in excluded if b in self._members and not self._members[b].healthy]
+                continue
             if previous is not None and bid != previous:
                 switches.append(bid)
                 self._stats.switches += 1
@@ -354,6 +392,7 @@ class BackendPool:
                 m.failures += 1
                 m.last_error = repr(exc)
                 tried.append(bid)
+                excluded.append(bid)
                 self._stats.retries += 1
                 log.warning("backend %s failed a request for %s: %r; retrying elsewhere", bid, sticky_key, exc)
                 continue

@@ -5,8 +5,13 @@ registers it in the pool (once, under a fixed id), and restarts it whenever it d
 marks it unhealthy meanwhile; the health loop brings it back). On cancel it stops the process
 group: SIGTERM, a grace period, SIGKILL, and waits for it (shielded, bounded).
 
-The command is a template (``{port}`` and ``{host}`` are filled in), so the same supervisor runs
-``vllm serve`` on GPU nodes and ``rolloutd model-server`` anywhere (that is how it is tested).
+The command is a template (``{port}``, ``{host}`` and ``{uds}`` are filled in), so the same
+supervisor runs ``vllm serve`` on GPU nodes, the embedded model's vLLM CPU server
+(:mod:`rolloutd.daemon.llm.cpu_engine`, on a Unix socket) and ``rolloutd model-server``.
+
+While a server is starting or restarting, the pool knows it is expected
+(:meth:`BackendPool.expect`), so turns wait for it (bounded by the pool's ``backend_wait_s``)
+instead of failing with ``NoBackend``.
 """
 
 from __future__ import annotations
@@ -15,31 +20,40 @@ import logging
 import math
 import os
 import signal
+import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import httpx
 import trio
 
+from rolloutd.daemon.llm.base import LLMError
 from rolloutd.daemon.llm.pool import BackendPool
-from rolloutd.daemon.llm.vllm import http_backend
+from rolloutd.daemon.llm.vllm import VLLMBackend, http_backend
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 10.0
 
 
+#: The flags token-in/token-out RL needs from any vLLM server (shared/research/llm_backends.md):
+#: logprobs of the distribution sampled from, no sampling defaults from the model's
+#: generation_config, prefix caching (the sticky path) reported in ``usage``, ids as ``token_id:N``.
+RL_FLAGS = (
+    "--logprobs-mode", "processed_logprobs",
+    "--generation-config", "vllm",
+    "--enable-prefix-caching",
+    "--enable-prompt-tokens-details",
+    "--return-tokens-as-token-ids",
+)
+
+
 def vllm_serve_argv(model: str, *, served_name: str | None = None, extra: Sequence[str] = ()) -> list[str]:
-    """``vllm serve`` with the flags token-in/token-out RL needs (shared/research/llm_backends.md)."""
-    argv = [
-        "vllm", "serve", model, "--host", "{host}", "--port", "{port}",
-        "--logprobs-mode", "processed_logprobs",
-        "--generation-config", "vllm",
-        "--enable-prefix-caching",
-        "--enable-prompt-tokens-details",
-        "--return-tokens-as-token-ids",
-    ]
+    """``vllm serve`` with :data:`RL_FLAGS`."""
+    argv = ["vllm", "serve", model, "--host", "{host}", "--port", "{port}", *RL_FLAGS]
     if served_name:
         argv += ["--served-model-name", served_name]
     return argv + list(extra)
@@ -47,29 +61,69 @@ def vllm_serve_argv(model: str, *, served_name: str | None = None, extra: Sequen
 
 @dataclass
 class ServerSpec:
-    """One supervised server: ``argv`` template, where it listens, its pool id."""
+    """One supervised server: ``argv`` template, where it listens (``host``:``port``, or the
+    Unix socket ``uds``), its pool id and label. ``log_path``: the server's stdout and stderr
+    go there (appended) instead of the daemon's. ``start_attempts``: failed starts before the
+    first healthy one after which :func:`supervise_server` gives up (raises)."""
 
     backend_id: str
     argv: list[str]
-    port: int
+    port: int = 0
     host: str = "127.0.0.1"
+    uds: str | None = None
     kind: str = "vllm"
+    name: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)  # e.g. {"CUDA_VISIBLE_DEVICES": "0"}
+    log_path: Path | None = None
+    checkpoint: str | None = None  # the model directory it serves (reloads are checked against it)
     startup_timeout_s: float = 900.0
     restart_backoff_s: float = 5.0
     max_restarts: float = math.inf
+    start_attempts: float = math.inf
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return "http://localhost" if self.uds else f"http://{self.host}:{self.port}"
+
+    def client(self, **kw: Any) -> httpx.AsyncClient:
+        """An HTTP client for the server (over its Unix socket where it has one)."""
+        transport = httpx.AsyncHTTPTransport(uds=self.uds) if self.uds else None
+        return httpx.AsyncClient(base_url=self.url, transport=transport, **kw)
 
 
-async def _wait_healthy(url: str, proc: trio.Process, timeout_s: float) -> None:
-    with trio.fail_after(timeout_s):
-        async with httpx.AsyncClient(timeout=2.0) as client:
+def log_tail(path: Path | None, n: int = 2000) -> str:
+    """The last ``n`` characters of a server's log (empty without one)."""
+    if path is None:
+        return ""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, path.stat().st_size - n))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+async def _accepts(uds: str) -> bool:
+    """Something listens on the Unix socket ``uds`` (checked before httpx tries: its failed
+    connects to a Unix socket leave the socket object unclosed)."""
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with sock:
+        try:
+            await sock.connect(uds)
+        except OSError:
+            return False
+    return True
+
+
+async def _wait_healthy(spec: ServerSpec, proc: trio.Process) -> None:
+    with trio.fail_after(spec.startup_timeout_s):
+        async with spec.client(timeout=2.0) as client:
             while proc.returncode is None:
+                if spec.uds and not await _accepts(spec.uds):
+                    await trio.sleep(0.2)
+                    continue
                 try:
-                    if (await client.get(url + "/health")).status_code == 200:
+                    if (await client.get("/health")).status_code == 200:
                         return
                 except httpx.TransportError:
                     pass
@@ -98,34 +152,81 @@ async def supervise_server(
     spec: ServerSpec, pool: BackendPool, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
 ) -> None:
     """Run ``spec``'s server forever (restarting it), registered in ``pool`` as
-    ``spec.backend_id``. ``started(url)`` after the first successful health check."""
-    argv = [a.format(port=spec.port, host=spec.host) for a in spec.argv]
+    ``spec.backend_id``. ``started(url)`` after the first successful health check. Raises
+    :class:`ServerFailed` (with the log's tail) after ``start_attempts`` failed first starts
+    or ``max_restarts`` restarts."""
+    argv = [a.format(port=spec.port, host=spec.host, uds=spec.uds or "") for a in spec.argv]
     env = {**os.environ, **spec.env}
     started = False
-    restarts = 0
-    while True:
-        proc = await trio.lowlevel.open_process(
-            argv, env=env, start_new_session=True, stdin=subprocess.DEVNULL
+    restarts = failed_starts = 0
+    backend = http_backend(spec.url, kind=spec.kind, name=spec.name, uds=spec.uds, checkpoint=spec.checkpoint)
+    with pool.expect(spec.backend_id):
+        while True:
+            if spec.uds:  # a killed server leaves its socket file: the next one could not bind
+                await trio.Path(spec.uds).unlink(missing_ok=True)
+            proc = await _open(argv, env, spec.log_path)
+            try:
+                await _wait_healthy(spec, proc)
+                if not started:
+                    pool.add(backend, backend_id=spec.backend_id)
+                    started = True
+                    task_status.started(spec.url)
+                else:
+                    await _restore_weights(backend)
+                    await pool.probe_all()
+                log.info("%s serving at %s (pid %d)", spec.backend_id, spec.uds or spec.url, proc.pid)
+                code = await proc.wait()
+                log.warning("%s exited with %s; restarting", spec.backend_id, code)
+                backend.restoring = backend.weights_path is not None  # not healthy before its weights are back
+                pool.mark_unhealthy(spec.backend_id, f"process exited with {code}")
+            except (RuntimeError, trio.TooSlowError) as exc:
+                failed_starts += 1
+                log.warning("%s failed to start: %s", spec.backend_id, exc or "timed out")
+                if not started and failed_starts >= spec.start_attempts:
+                    raise await _failed(spec, f"did not become healthy ({exc or 'timed out'})") from None
+            finally:
+                await _stop(proc)
+            restarts += 1
+            if restarts > spec.max_restarts:
+                raise await _failed(spec, f"gave up after {restarts} restarts")
+            await trio.sleep(spec.restart_backoff_s)
+
+
+async def _restore_weights(backend: VLLMBackend) -> None:
+    """A restarted server starts from its model directory: load the checkpoint the pool last
+    synced into it again before it serves, so no turn is sampled from stale weights. If that
+    fails the server stays out of routing (its health is false) and the supervisor starts it
+    again, and again tries (never serving the weights it started with instead)."""
+    if backend.weights_path is None:
+        return
+    try:
+        await backend.reload_weights(backend.weights_path)
+    except LLMError as exc:
+        raise RuntimeError(f"could not load its weights ({backend.weights_path}) again: {exc}") from None
+    backend.restoring = False
+    log.info("%s: weights %s loaded again after the restart", backend.name, backend.weights_path)
+
+
+class ServerFailed(LLMError):
+    """A supervised server could not be kept running; the message ends with its log's tail."""
+
+
+async def _failed(spec: ServerSpec, what: str) -> ServerFailed:
+    tail = await trio.to_thread.run_sync(log_tail, spec.log_path)
+    where = f" (log {spec.log_path})" if spec.log_path else ""
+    return ServerFailed(f"{spec.backend_id}: {what}{where}" + (f"\n{tail}" if tail else ""))
+
+
+def _open_log(path: Path) -> BinaryIO:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.open("ab")
+
+
+async def _open(argv: list[str], env: dict[str, str], log_path: Path | None) -> trio.Process:
+    if log_path is None:
+        return await trio.lowlevel.open_process(argv, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+    out = await trio.to_thread.run_sync(_open_log, log_path)
+    with out:  # the child keeps its own copy of the descriptor
+        return await trio.lowlevel.open_process(
+            argv, env=env, start_new_session=True, stdin=subprocess.DEVNULL, stdout=out, stderr=out
         )
-        try:
-            await _wait_healthy(spec.url, proc, spec.startup_timeout_s)
-            if not started:
-                pool.add(http_backend(spec.url, kind=spec.kind), backend_id=spec.backend_id)
-                started = True
-                task_status.started(spec.url)
-            else:
-                await pool.probe_all()
-            log.info("%s serving at %s (pid %d)", spec.backend_id, spec.url, proc.pid)
-            code = await proc.wait()
-            log.warning("%s exited with %s; restarting", spec.backend_id, code)
-            pool.mark_unhealthy(spec.backend_id, f"process exited with {code}")
-        except (RuntimeError, trio.TooSlowError) as exc:
-            log.warning("%s failed to start: %s", spec.backend_id, exc)
-            if not started and restarts >= spec.max_restarts:
-                raise
-        finally:
-            await _stop(proc)
-        restarts += 1
-        if restarts > spec.max_restarts:
-            raise RuntimeError(f"{spec.backend_id}: gave up after {restarts} restarts")
-        await trio.sleep(spec.restart_backoff_s)

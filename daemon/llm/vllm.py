@@ -27,10 +27,12 @@ the flat ``{"object": "error", "message", "type", "param", "code"}`` of older vL
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import httpx
+import trio
 
 from rolloutd.daemon.llm.base import (
     BackendRejected,
@@ -39,7 +41,12 @@ from rolloutd.daemon.llm.base import (
     Completion,
     SamplingParams,
 )
-from rolloutd.daemon.llm.weights import RELOAD_HTTP_TIMEOUT_S, WeightsError, reload_unsupported
+from rolloutd.daemon.llm.weights import (
+    RELOAD_HTTP_TIMEOUT_S,
+    WeightsError,
+    check_checkpoint,
+    reload_unsupported,
+)
 
 FINISH_REASONS = {"stop", "length", "abort"}
 
@@ -134,8 +141,13 @@ def parse_response(data: Any, *, prompt_ids: Sequence[int] | None = None, backen
 class VLLMBackend:
     """A vLLM (or ``rolloutd model-server``) endpoint at ``url``.
 
-    ``model`` is discovered from ``GET /v1/models`` when not given. ``transport`` is for tests
-    (``httpx.MockTransport`` replaying the hand-written vLLM responses in tests/llm/data).
+    ``model`` is discovered from ``GET /v1/models`` when not given. ``uds``: reach the server
+    over that Unix socket (``vllm serve --uds``; ``url`` is then only a label). ``transport``
+    is for tests (``httpx.MockTransport`` replaying the vLLM responses in tests/llm/data).
+
+    Weight sync (:meth:`reload_weights`) uses vLLM's own development routes, present when the
+    server runs with ``VLLM_SERVER_DEV_MODE=1`` (the embedded CPU engine does, on a private
+    Unix socket: those routes have no authentication).
     """
 
     def __init__(
@@ -146,12 +158,25 @@ class VLLMBackend:
         kind: str = "vllm",
         name: str | None = None,
         connect_timeout_s: float = 5.0,
+        uds: str | None = None,
+        checkpoint: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.model = model
         self.kind = kind
-        self.name = name or f"{kind}:{self.url}"
+        self.uds = uds
+        #: the directory the server was started from, where known (a server we supervise):
+        #: reloads are checked against it first (a bad checkpoint kills vLLM's engine)
+        self.checkpoint = checkpoint
+        #: the last checkpoint :meth:`reload_weights` loaded (None: the weights it started with);
+        #: a supervisor restarting the server loads it again before it serves
+        self.weights_path: str | None = None
+        #: set while a restarted server gets its weights back: it is not healthy meanwhile
+        self.restoring = False
+        self.name = name or (f"{kind}:unix:{uds}" if uds else f"{kind}:{self.url}")
+        if transport is None and uds is not None:
+            transport = httpx.AsyncHTTPTransport(uds=uds)
         self.max_model_len: int | None = None
         timeout = httpx.Timeout(connect=connect_timeout_s, read=None, write=30.0, pool=None)
         self._client = httpx.AsyncClient(
@@ -201,6 +226,8 @@ class VLLMBackend:
         return parse_response(data, prompt_ids=prompt_ids, backend=self.name)
 
     async def health(self) -> bool:
+        if self.restoring:
+            return False
         try:
             resp = await self._client.get("/health")
         except httpx.TransportError:
@@ -209,6 +236,41 @@ class VLLMBackend:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+    async def reload_weights(self, path: str, *, partial: bool = False, version: int | None = None) -> dict[str, Any]:
+        """Load the safetensors in ``path`` (a directory the server can read) with vLLM's own
+        in-place reload: ``POST /collective_rpc {"method": "reload_weights", "kwargs":
+        {"weights_path": path}}`` (every worker's ``reload_weights``), then ``POST
+        /reset_prefix_cache`` (cached keys were computed by the old weights). The pool has
+        paused dispatch and drained this server first (:meth:`BackendPool.reload`). vLLM's
+        reload takes a whole checkpoint, so ``partial`` is refused. Without the development
+        routes (a server not started with ``VLLM_SERVER_DEV_MODE=1``) this raises
+        :class:`ReloadUnsupported <rolloutd.daemon.llm.weights.ReloadUnsupported>`."""
+        if partial:
+            raise WeightsError(f"{self.name}: vLLM reloads a whole checkpoint; partial=true is not supported")
+        if self.checkpoint is not None:
+            await trio.to_thread.run_sync(check_checkpoint, path, self.checkpoint)
+        started = time.monotonic()
+        try:
+            await self._request(
+                "POST", "/collective_rpc", what="reload", rejected=WeightsError,
+                json={"method": "reload_weights", "kwargs": {"weights_path": path}},
+                timeout=httpx.Timeout(RELOAD_HTTP_TIMEOUT_S),
+            )
+        except WeightsError as exc:
+            if "HTTP 404" in str(exc):
+                raise reload_unsupported(self, "start vLLM with VLLM_SERVER_DEV_MODE=1 for /collective_rpc") from None
+            raise
+        except BackendUnavailable as exc:
+            # vLLM answers 500 when a worker's reload_weights raised (no such path, a tensor
+            # of the wrong shape); the server itself is still up.
+            if await self.health():
+                raise WeightsError(f"{self.name}: reload_weights failed: {exc}") from None
+            raise
+        await self._request("POST", "/reset_prefix_cache", what="reset prefix cache")
+        self.weights_path = path
+        return {"path": path, "weights_version": version, "engine": "vllm",
+                "seconds": round(time.monotonic() - started, 3)}
 
 
 class ModelServerBackend(VLLMBackend):
@@ -222,10 +284,12 @@ class ModelServerBackend(VLLMBackend):
         *,
         name: str | None = None,
         connect_timeout_s: float = 5.0,
+        uds: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         super().__init__(
-            url, model, kind="model-server", name=name, connect_timeout_s=connect_timeout_s, transport=transport
+            url, model, kind="model-server", name=name, connect_timeout_s=connect_timeout_s, uds=uds,
+            transport=transport,
         )
 
     async def reload_weights(self, path: str, *, partial: bool = False, version: int | None = None) -> dict[str, Any]:
@@ -242,10 +306,13 @@ class ModelServerBackend(VLLMBackend):
         return dict(resp.json())
 
 
-def http_backend(url: str, model: str | None = None, *, kind: str = "vllm", name: str | None = None) -> VLLMBackend:
-    """The client for a server of ``kind`` at ``url`` (``make_backend`` and ``spawn`` build
-    theirs here): a :class:`ModelServerBackend` for ``model-server``, else a
-    :class:`VLLMBackend` labelled ``kind``."""
+def http_backend(
+    url: str, model: str | None = None, *, kind: str = "vllm", name: str | None = None, uds: str | None = None,
+    checkpoint: str | None = None,
+) -> VLLMBackend:
+    """The client for a server of ``kind`` at ``url`` (or on the Unix socket ``uds``;
+    ``make_backend`` and ``spawn`` build theirs here): a :class:`ModelServerBackend` for
+    ``model-server``, else a :class:`VLLMBackend` labelled ``kind``."""
     if kind == "model-server":
-        return ModelServerBackend(url, model, name=name)
-    return VLLMBackend(url, model, kind=kind, name=name)
+        return ModelServerBackend(url, model, name=name, uds=uds)
+    return VLLMBackend(url, model, kind=kind, name=name, uds=uds, checkpoint=checkpoint)

@@ -21,8 +21,11 @@ A backend that can load weights implements :class:`Reloadable` (``reload_weights
   :meth:`rolloutd.daemon.llm.transformers.TransformersBackend.reload_weights`;
 - ``model-server``: ``POST {url}/v1/reload`` (``rolloutd model-server``'s own route),
   :meth:`rolloutd.daemon.llm.vllm.ModelServerBackend.reload_weights`;
-- ``vllm``: refused (:class:`ReloadUnsupported`). vLLM's weight updates go through the
-  trainer's own transport (NCCL / CUDA IPC, see shared research); do that between
+- ``vllm``: vLLM's own in-place reload through its development routes (``POST /collective_rpc``
+  ``reload_weights`` with ``weights_path``, then ``/reset_prefix_cache``),
+  :meth:`rolloutd.daemon.llm.vllm.VLLMBackend.reload_weights`; whole checkpoints only. A server
+  without ``VLLM_SERVER_DEV_MODE=1`` answers 404 there: :class:`ReloadUnsupported`, and the
+  trainer's own transport (NCCL / CUDA IPC, see shared research) does the update between
   ``POST /v1/backends/pause`` and ``/resume`` and then ``PUT /v1/policy_version``.
 
 :func:`load_weights` is the blocking loader the in-process paths use. Every tensor in the
@@ -37,6 +40,7 @@ backend), so every backend and the pool can import it.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -81,12 +85,13 @@ class Reloadable(Protocol):
     async def reload_weights(self, path: str, *, partial: bool, version: int | None) -> dict[str, Any]: ...
 
 
-def reload_unsupported(backend: Backend) -> ReloadUnsupported:
+def reload_unsupported(backend: Backend, why: str = "") -> ReloadUnsupported:
     """The error for a backend that cannot load weights from a directory."""
     kind = getattr(backend, "kind", None)
     return ReloadUnsupported(
-        f"backend {backend.name} ({kind}) cannot load weights from a directory through rolloutd: "
-        "sync its weights with the trainer's own transport between POST /v1/backends/pause and "
+        f"backend {backend.name} ({kind}) cannot load weights from a directory through rolloutd"
+        + (f" ({why})" if why else "")
+        + ": sync its weights with the trainer's own transport between POST /v1/backends/pause and "
         "/resume, then PUT /v1/policy_version"
     )
 
@@ -113,6 +118,40 @@ def weight_files(path: str | Path) -> list[Path]:
     if not files:
         raise WeightsError(f"no *.safetensors file in {str(p)!r}")
     return files
+
+
+def tensor_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Blocking: name -> shape of every tensor under ``path``, read from the safetensors headers
+    only (8 bytes of length, then JSON), without loading a tensor."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in weight_files(path):
+        try:
+            with f.open("rb") as fh:
+                size = int.from_bytes(fh.read(8), "little")
+                if not 0 < size < 100_000_000:
+                    raise ValueError(f"header length {size}")
+                header = json.loads(fh.read(size))
+            shapes.update({k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"})
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise WeightsError(f"cannot read {f}: {exc}") from None
+    return shapes
+
+
+def check_checkpoint(path: str | Path, reference: str | Path) -> None:
+    """Blocking: ``path`` holds a whole checkpoint of the model ``reference`` holds: every
+    tensor of ``reference`` with the same shape, no other (a tied ``lm_head.weight`` that
+    ``reference`` leaves out may be given). For servers that die on a bad checkpoint (vLLM's
+    engine does), checked before they see it. Raises :class:`WeightsError`."""
+    given, want = tensor_shapes(path), tensor_shapes(reference)
+    unknown = sorted(set(given) - set(want) - {"lm_head.weight"})
+    if unknown:
+        raise WeightsError(f"{len(unknown)} tensors name no parameter of the model, e.g. {unknown[:3]}")
+    missing = sorted(set(want) - set(given))
+    if missing:
+        raise WeightsError(f"{len(missing)} parameters are missing (a whole checkpoint is needed), e.g. {missing[:3]}")
+    for name, shape in given.items():
+        if name in want and shape != want[name]:
+            raise WeightsError(f"{name}: shape {shape} in the files, {want[name]} in the model")
 
 
 def load_weights(model: Any, path: str | Path, *, partial: bool = False) -> dict[str, Any]:

@@ -105,6 +105,61 @@ async def test_no_backend(renderer, autojump_clock):
         await BackendPool().complete([1], P, max_tokens=4, sticky_key="r")
 
 
+async def test_a_turn_waits_for_an_expected_backend(renderer, autojump_clock):
+    """A supervised server still starting: the turn waits for it instead of failing."""
+    pool = BackendPool(backend_wait_s=100.0)
+    with pool.expect("srv"):
+        async with trio.open_nursery() as nursery:
+            async def register_later():
+                await trio.sleep(30.0)
+                pool.add(ScriptedBackend(renderer, ["ok"]), backend_id="srv")
+
+            nursery.start_soon(register_later)
+            t0 = trio.current_time()
+            c = await pool.complete([1], P, max_tokens=4, sticky_key="r")
+            assert c.extra["backend_id"] == "srv" and trio.current_time() - t0 == pytest.approx(30.0)
+    # expected but never coming: NoBackend after backend_wait_s, saying so
+    pool2 = BackendPool(backend_wait_s=100.0)
+    with pool2.expect("srv"):
+        t0 = trio.current_time()
+        with pytest.raises(NoBackend, match="no healthy backend within 100 s"):
+            await pool2.complete([1], P, max_tokens=4, sticky_key="r")
+        assert trio.current_time() - t0 == pytest.approx(100.0)
+    # nothing registered or expected: at once, whatever the wait
+    with pytest.raises(NoBackend):
+        await BackendPool(backend_wait_s=100.0).complete([1], P, max_tokens=4, sticky_key="r")
+
+
+async def test_a_restarting_only_backend_is_retried_once_healthy(renderer, autojump_clock):
+    """The only backend dies mid-turn while its supervisor restarts it: the turn waits and is
+    retried on it once a health probe finds it back, counted as a retry. Without a supervisor
+    expecting it back, the same death fails the turn at once."""
+    pool, backends, _ = _pool(renderer, 1, health_interval_s=5.0, backend_wait_s=120.0)
+
+    async def die_and_come_back():
+        await trio.sleep(0.5)
+        backends[0].set_down(True)
+        await trio.sleep(20.0)
+        backends[0].set_down(False)
+
+    with pool.expect("b0"):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.run)
+            nursery.start_soon(die_and_come_back)
+            c = await pool.complete([1], P, max_tokens=4, sticky_key="r")
+            assert c.extra["backend_id"] == "b0" and c.extra["retries"] >= 1
+            assert trio.current_time() >= 20.5
+            nursery.cancel_scope.cancel()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        nursery.start_soon(die_and_come_back)
+        t0 = trio.current_time()
+        with pytest.raises(NoBackend):
+            await pool.complete([1], P, max_tokens=4, sticky_key="r")
+        assert trio.current_time() - t0 < 2.0
+        nursery.cancel_scope.cancel()
+
+
 async def test_pause_waits_for_in_flight_and_resume_stamps_the_new_version(renderer, autojump_clock):
     pool, _, _ = _pool(renderer, 1, latency_s=3.0)
     results = {}

@@ -27,7 +27,8 @@ MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def fixture(name):
-    """A response body from data/ (hand-written, not recorded), without its ``_source`` label."""
+    """A response body from data/ (recorded from a real vLLM, or hand-written where labelled so),
+    without its ``_source`` label."""
     body = json.loads((DATA / name).read_text())
     body.pop("_source", None)
     return body
@@ -43,7 +44,7 @@ def mock_backend(responses, seen=None, model=MODEL):
     return VLLMBackend("http://vllm.test:8000/", model, transport=httpx.MockTransport(handler))
 
 
-STOP = fixture("vllm_0_11_completion_stop.json")
+STOP = fixture("vllm_completion_stop.json")  # recorded from vLLM 0.32.0 (CPU build)
 PROMPT = STOP["choices"][0]["prompt_token_ids"]
 
 
@@ -73,7 +74,8 @@ async def _body_of(params):
 
 @pytest.mark.parametrize("name", FIXTURES)
 def test_fixture_is_labelled_and_consistent(name, tokenizer):
-    """Every file in data/ says where it comes from (none is a recording) and is consistent
+    """Every file in data/ says where it comes from (a recording names its vLLM version and
+    command; a hand-written file says so) and is consistent
     the way vLLM's serving_completion.py builds a response (see data/README.md)."""
     raw = json.loads((DATA / name).read_text())
     src = raw.get("_source")
@@ -90,7 +92,7 @@ def test_fixture_is_labelled_and_consistent(name, tokenizer):
     assert raw["model"] == MODEL
     check_completion_shape(raw, src["request"], tokenizer)
     cached = (raw["usage"]["prompt_tokens_details"] or {}).get("cached_tokens")
-    assert cached is None or (cached > 0 and cached % 16 == 0)  # vLLM: whole blocks; null for 0
+    assert cached is None or cached % 16 == 0  # vLLM caches whole blocks (null in older versions for 0)
 
 
 def check_completion_shape(body, request, tokenizer):
@@ -135,23 +137,29 @@ async def test_vllm_responses_parse_exactly():
     c = await b.complete(PROMPT, SamplingParams(), max_tokens=64)
     ch = STOP["choices"][0]
     assert c.token_ids == ch["token_ids"] and c.logprobs == ch["logprobs"]["token_logprobs"]
-    assert c.finish_reason == "stop" and "stop_reason" not in c.extra and c.cached_tokens is None
-    length = fixture("vllm_0_11_completion_length.json")
+    assert c.finish_reason == "stop" and "stop_reason" not in c.extra and c.cached_tokens == 0
+    length = fixture("vllm_completion_length.json")
     b2 = mock_backend({("POST", "/v1/completions"): (200, length)})
     c2 = await b2.complete(length["choices"][0]["prompt_token_ids"], SamplingParams(), max_tokens=3)
-    assert c2.finish_reason == "length" and c2.cached_tokens == 48
-    assert c2.logprobs[1] == -9999.0  # vLLM's clamp passes through untouched
+    assert c2.finish_reason == "length" and c2.cached_tokens == length["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert c2.token_ids == length["choices"][0]["token_ids"] and c2.logprobs == length["choices"][0]["logprobs"]["token_logprobs"]
+    clamped = copy.deepcopy(length)  # an edit of the recording: vLLM clamps -inf at -9999.0
+    clamped["choices"][0]["logprobs"]["token_logprobs"][1] = -9999.0
+    b4 = mock_backend({("POST", "/v1/completions"): (200, clamped)})
+    c4 = await b4.complete(length["choices"][0]["prompt_token_ids"], SamplingParams(), max_tokens=3)
+    assert c4.logprobs[1] == -9999.0  # the clamp passes through untouched
     stopped = copy.deepcopy(STOP)
     stopped["choices"][0]["stop_reason"] = 2  # a stop_token_ids hit (not EOS) names the token
     b3 = mock_backend({("POST", "/v1/completions"): (200, stopped)})
     assert (await b3.complete(PROMPT, SamplingParams(), max_tokens=64)).extra["stop_reason"] == 2
-    for backend in (b, b2, b3):
+    for backend in (b, b2, b3, b4):
         await backend.aclose()
 
 
 @pytest.mark.parametrize("mutate, match", [
     (lambda ch: ch.pop("token_ids"), "token_ids is missing"),
-    (lambda ch: ch["logprobs"]["token_logprobs"].pop(), "29 token ids but 28 logprobs"),
+    (lambda ch: ch["logprobs"]["token_logprobs"].pop(),
+     f"{len(STOP['choices'][0]['token_ids'])} token ids but {len(STOP['choices'][0]['token_ids']) - 1} logprobs"),
     (lambda ch: ch["logprobs"]["tokens"].__setitem__(0, "token_id:1"), "other ids"),
     (lambda ch: ch["logprobs"]["token_logprobs"].__setitem__(2, None), "null or NaN"),
     (lambda ch: ch.__setitem__("prompt_token_ids", [1, 2]), "prompt_token_ids differ"),

