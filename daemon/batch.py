@@ -3,6 +3,11 @@
 The sampler (``rolloutd.daemon.sampling``) runs batches; this module is what a batch is. A finished
 batch lets go of its request (every prompt) and of its groups' tasks (``Batch.release``), so
 what it keeps while readable does not grow with the size of its tasks.
+
+A group can outlive its batch: in a ``stream``, the groups still running when a batch is full
+carry over to the stream's next batch. Each batch then has its own ``Group`` record of it
+(``carried`` in the first, ``carried_from`` in the next); the records share one
+``Progress``, which routes the group's completion to whichever batch holds it now.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import math
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import InitVar, dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
@@ -73,6 +79,23 @@ class BatchRequest(BaseModel):
         "this many policy versions before the version current when the group is judged; "
         "0 keeps only groups sampled entirely on the current version. Default: no bound.",
     )
+    stream: str | None = Field(
+        None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$",
+        description="A sampling stream (e.g. one per training run): batches of one stream run one "
+        "at a time, and the groups still running when a batch of it has its K (and those that "
+        "finished but were not judged) carry over to its next batch instead of being cancelled, "
+        "so slow groups are not selected against. Without a stream they are cancelled.",
+    )
+    carry_over: bool = Field(
+        True,
+        description="With a stream: pass this batch's leftovers on to the stream's next batch. "
+        "False (e.g. a run's last batch): cancel them. Groups carried in are adopted either way.",
+    )
+    carry_ttl_s: float = Field(
+        600.0, gt=0, le=86_400,
+        description="How long carried groups wait for the stream's next batch; then they are "
+        "cancelled (reason `not_adopted`).",
+    )
     cancel_on_disconnect: bool = Field(
         True,
         description="Cancel the batch when the last client streaming its groups disconnects "
@@ -100,6 +123,21 @@ class GroupState(StrEnum):
     kept = "kept"
     filtered = "filtered"
     cancelled = "cancelled"
+    carried = "carried"  # passed on to the stream's next batch (which judges it)
+
+
+@dataclass(eq=False)
+class Progress:
+    """A group's samples still running, and where its completion goes (the batch holding it;
+    nowhere while it waits between two batches of a stream)."""
+
+    pending: int
+    route: Callable[[], None] | None = None
+
+    def sample_done(self) -> None:
+        self.pending -= 1
+        if self.pending == 0 and self.route is not None:
+            self.route()
 
 
 @dataclass(eq=False)
@@ -113,11 +151,34 @@ class Group:
     state: GroupState = GroupState.running
     reason: str | None = None
     detail: str | None = None
-    pending: int = 0
+    progress: Progress = field(default_factory=lambda: Progress(0))
+    carried_from: str | None = None  # the batch of the stream that started it
 
     @property
     def rewards(self) -> list[float | None]:
         return [j.trajectory.reward for j in self.jobs]
+
+    @property
+    def finished(self) -> bool:
+        return self.progress.pending == 0
+
+    def successor(self, carried_from: str) -> Group:
+        """The record of this group in the stream's next batch (same samples, same progress)."""
+        return Group(index=self.index, group_id=self.group_id, task=self.task, jobs=self.jobs,
+                     progress=self.progress, carried_from=carried_from)
+
+    def duration_s(self) -> float:
+        """The slowest sample's time from submission to its end."""
+        return max((j.trajectory.timing.total_s for j in self.jobs), default=0.0)
+
+    def tokens(self) -> float:
+        """Mean sampled (loss-masked) tokens per sample."""
+        return statistics.fmean(sum(j.trajectory.loss_mask) for j in self.jobs) if self.jobs else 0.0
+
+    def work_s(self) -> float:
+        """Sample-seconds spent (INIT, RUN and EVAL of every sample, queueing excluded)."""
+        t = [j.trajectory.timing for j in self.jobs]
+        return sum(x.init_s + x.run_s + x.eval_s for x in t)
 
     def line(self) -> dict[str, Any]:
         """The NDJSON line of a kept group."""
@@ -126,6 +187,7 @@ class Group:
             "prompt_index": self.index,
             "task": self.task,
             "rewards": self.rewards,
+            "carried_from": self.carried_from,
             "rollouts": [j.trajectory.model_dump(mode="json") for j in self.jobs],
         }
 
@@ -137,6 +199,7 @@ class Group:
             "reason": self.reason,
             "detail": self.detail,
             "rewards": self.rewards,
+            "carried_from": self.carried_from,
         }
 
 
@@ -151,6 +214,10 @@ class Batch:
     groups: list[Group] = field(default_factory=list)
     kept_groups: list[Group] = field(default_factory=list)
     filtered_reasons: dict[str, int] = field(default_factory=dict)
+    cancelled_reasons: dict[str, int] = field(default_factory=dict)
+    carried_in: list[Group] = field(default_factory=list)  # adopted from the stream's last batch
+    carried_to: str | None = None  # the stream's batch that adopted this one's leftovers
+    wasted_s: float = 0.0  # sample-seconds of groups cancelled unjudged
     readers: int = 0
     running: int = 0  # groups started and not yet judged or cancelled
     started_at: float = field(default_factory=trio.current_time)
@@ -169,6 +236,8 @@ class Batch:
         self.group_size = req.group_size
         self.keep = req.keep
         self.cancel_on_disconnect = req.cancel_on_disconnect
+        self.stream = req.stream
+        self._judged: list[tuple[bool, float, float]] = []  # kept?, duration_s, tokens
 
     @property
     def request(self) -> BatchRequest:
@@ -183,12 +252,38 @@ class Batch:
         of the groups is open)."""
         self._request = None
         self._finished.clear()
-        for group in self.groups:
+        for group in self.every_group():
             if group.state is not GroupState.kept or self.readers == 0:
                 group.task = None
 
+    def every_group(self) -> list[Group]:
+        """The groups this batch holds or held: those carried in, then those it started."""
+        return [*self.carried_in, *self.groups]
+
     def count(self, state: GroupState) -> int:
-        return sum(1 for g in self.groups if g.state is state)
+        return sum(1 for g in self.every_group() if g.state is state)
+
+    def judged(self, group: Group, keep: bool) -> None:
+        """Account a judged group (its duration and length, for ``lengths``)."""
+        self._judged.append((keep, group.duration_s(), group.tokens()))
+
+    def cancelled(self, group: Group, reason: str) -> None:
+        group.state, group.reason = GroupState.cancelled, reason
+        self.cancelled_reasons[reason] = self.cancelled_reasons.get(reason, 0) + 1
+
+    def lengths(self) -> dict[str, Any]:
+        """Kept versus offered (every judged) groups: how long the slowest sample took and how
+        many tokens a sample sampled, on average. Kept groups much shorter than offered ones
+        mean the batch selects for speed (see docs/sampling.md)."""
+
+        def mean(rows: list[tuple[bool, float, float]]) -> dict[str, Any]:
+            if not rows:
+                return {"groups": 0, "mean_duration_s": None, "mean_tokens": None}
+            return {"groups": len(rows),
+                    "mean_duration_s": round(statistics.fmean(r[1] for r in rows), 6),
+                    "mean_tokens": round(statistics.fmean(r[2] for r in rows), 3)}
+
+        return {"kept": mean([r for r in self._judged if r[0]]), "offered": mean(self._judged)}
 
     def status(self) -> dict[str, Any]:
         """Progress, as GET /v1/batches/{id} answers it."""
@@ -203,15 +298,23 @@ class Batch:
             "max_in_flight_groups": self.max_in_flight,
             "max_gen_groups": self.max_gen_groups,
             "cancel_on_disconnect": self.cancel_on_disconnect,
+            "stream": self.stream,
             "tried": len(self.groups),
+            "carried_in": len(self.carried_in),
             "kept": len(self.kept_groups),
             "filtered": self.count(GroupState.filtered),
             "filtered_reasons": dict(self.filtered_reasons),
             "in_flight": self.running,
             "cancelled": self.count(GroupState.cancelled),
+            "cancelled_reasons": dict(self.cancelled_reasons),
+            "carried_out": self.count(GroupState.carried),
+            "carried_to": self.carried_to,
+            "lengths": self.lengths(),
+            "wasted_sample_s": round(self.wasted_s, 6),
             "elapsed_s": round(end - self.started_at, 6),
             "created_at": self.created_wall,
-            "filtered_groups": [g.summary() for g in self.groups if g.state is GroupState.filtered],
+            "filtered_groups": [g.summary() for g in self.every_group()
+                                if g.state is GroupState.filtered],
         }
 
     def _notify(self) -> None:

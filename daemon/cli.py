@@ -73,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     batch.add_argument("--metric", default=None, help="filter on this reward_info key (default reward)")
     batch.add_argument("--keep-running", action="store_true",
                        help="do not cancel the batch if this command is interrupted")
+    batch.add_argument("--stream", default=None,
+                       help="a sampling stream: groups still running when K are kept carry over "
+                       "to the stream's next batch (the next --batch --stream NAME)")
 
     replay = sub.add_parser("replay", help="replay a finished rollout's model outputs against a "
                             "fresh sandbox and compare the tool outputs")
@@ -206,7 +209,7 @@ def _submit_batch(args: argparse.Namespace, tasks: list[dict[str, Any]], options
     if args.keep is None or args.keep < 1:
         raise CliError("--batch needs --keep K (K >= 1)")
     options.update(max_in_flight_groups=args.max_in_flight, max_gen_groups=args.max_gen_groups,
-                   cancel_on_disconnect=not args.keep_running,
+                   cancel_on_disconnect=not args.keep_running, stream=args.stream,
                    filter={"metric": args.metric} if args.metric else None)
     with _client(args) as c, _client(args) as poller:
         st = sample_batch_with_progress(c, tasks, group_size=args.group_size or args.n, keep=args.keep,

@@ -82,13 +82,16 @@ def _submission(data: Mapping[str, Any]) -> Submission:
 class BatchGroup:
     """A kept group of a dynamic-sampling batch: G trajectories of one task. ``task`` is None
     when the daemon had released it (the batch ended before the stream was opened) and the
-    caller did not pass the batch's prompts."""
+    caller did not pass the batch's prompts (or the group was carried from another batch)."""
 
     group_id: str
     prompt_index: int
     task: dict[str, Any] | None
     rewards: list[float | None]
     rollouts: list[Trajectory]
+    #: The batch of the same stream that started the group (its prompts[prompt_index]); None
+    #: when this batch started it.
+    carried_from: str | None = None
 
 
 def _batch_body(
@@ -101,11 +104,11 @@ def _batch_body(
 
 def _batch_group(line: str, prompts: Sequence[Mapping[str, Any]] | None) -> BatchGroup:
     d = json.loads(line)
-    task = d["task"]
-    if task is None and prompts is not None:
-        task = dict(prompts[d["prompt_index"]])
+    task, carried_from = d["task"], d.get("carried_from")
+    if task is None and prompts is not None and carried_from is None:
+        task = dict(prompts[d["prompt_index"]])  # a carried group's prompt is another batch's
     return BatchGroup(d["group_id"], d["prompt_index"], task, d["rewards"],
-                      [Trajectory.model_validate(t) for t in d["rollouts"]])
+                      [Trajectory.model_validate(t) for t in d["rollouts"]], carried_from)
 
 
 def _image_body(source: str, name: str | None) -> dict[str, Any]:

@@ -89,6 +89,10 @@ class QueueFullError(RequestError):
     """The intake queue has no room for the request now."""
 
 
+class StreamBusy(RequestError):
+    """A batch of the same sampling stream is still running (a stream runs one at a time)."""
+
+
 class TooManyBatches(RequestError):
     """As many batches as the sampler runs at once are running."""
 
@@ -118,5 +122,6 @@ __all__ = [
     "ReloadFailed",
     "RequestError",
     "ServiceUnavailable",
+    "StreamBusy",
     "TooManyBatches",
 ]

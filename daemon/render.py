@@ -100,7 +100,9 @@ def submit_with_progress(
 def _batch_info(st: Mapping[str, Any]) -> str:
     reasons = " ".join(f"{k}={v}" for k, v in st["filtered_reasons"].items())
     return (f"tried {st['tried']}  in flight {st['in_flight']}  filtered {st['filtered']}"
-            + (f" ({reasons})" if reasons else "") + (f"  cancelled {st['cancelled']}" if st["cancelled"] else ""))
+            + (f" ({reasons})" if reasons else "") + (f"  cancelled {st['cancelled']}" if st["cancelled"] else "")
+            + (f"  carried in {st['carried_in']}" if st.get("carried_in") else "")
+            + (f"  carried out {st['carried_out']}" if st.get("carried_out") else ""))
 
 
 def sample_batch_with_progress(

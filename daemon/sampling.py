@@ -5,11 +5,20 @@ up to ``max_in_flight_groups`` groups running, judges each group the moment its 
 are terminal, streams kept groups at once, and starts a group from the next prompt in its
 place, so the pipeline never drains in lock-step. It stops when K groups are kept, or when
 nothing is in flight and no further group may start (prompts used up, ``max_gen_groups``
-groups tried, or the daemon draining); groups still running then are cancelled, which
-releases their sandboxes and aborts their LLM requests.
+groups tried, or the daemon draining).
+
+Groups still running when a batch has its K (the leftovers) are the slow ones: cancelling them
+would keep only groups that finish fast, a bias toward short trajectories. A batch in a
+``stream`` therefore passes them on (``carry_over``): they keep running, wait in the stream's
+``Carry``, and its next batch adopts them before it starts groups of its own prompts, judging
+them (with ``max_staleness``) like its own. Nothing is thrown away unexplained: every group
+started ends kept, filtered or cancelled, each with a reason. Without a stream (or with
+``carry_over: false``, or if no next batch comes within ``carry_ttl_s``) leftovers are
+cancelled, which releases their sandboxes and aborts their LLM requests.
 
     Sampler.run                  owns a nursery; one task per batch
-    └─ batch task                submit -> wait for any group -> judge -> replenish
+    ├─ batch task                submit -> wait for any group -> judge -> replenish
+    └─ carry expiry              one per stream's carry: cancel it if no batch adopts it
 
 Groups go through ``RolloutService.submit`` like any rollout (intake, back-pressure,
 result store); the G samples share a ``group_id``, so the LLM pool routes them to one
@@ -35,8 +44,15 @@ from typing import Any, Protocol
 import trio
 
 from rolloutd.daemon.batch import Batch, BatchRequest, BatchState, Group, GroupState, judge
-from rolloutd.daemon.errors import Draining, InvalidTask, NotFound, QueueFullError, TooManyBatches
-from rolloutd.daemon.jobs import Job, new_id
+from rolloutd.daemon.errors import (
+    Draining,
+    InvalidTask,
+    NotFound,
+    QueueFullError,
+    StreamBusy,
+    TooManyBatches,
+)
+from rolloutd.daemon.jobs import new_id
 from rolloutd.daemon.service import RolloutRequest, RolloutService, Submitted
 from rolloutd.daemon.tasks.base import TaskError
 
@@ -49,6 +65,20 @@ LEFTOVER_WAIT_S = 30.0
 
 
 # ---- the sampler -----------------------------------------------------------------------
+
+
+class Carry:
+    """A stream's groups between two of its batches: still running (or finished, unjudged)."""
+
+    def __init__(self, batch: Batch, originals: list[Group], ttl_s: float) -> None:
+        self.from_batch = batch
+        self.originals = originals  # the records in ``batch`` (state carried)
+        self.groups = [g.successor(batch.id) for g in originals]  # the next batch's records
+        self.deadline = trio.current_time() + ttl_s
+        self.scope = trio.CancelScope(deadline=self.deadline)
+        for group in self.groups:
+            group.progress.route = None  # a group finishing now waits for the next batch
+
 
 
 class Submit(Protocol):
@@ -76,7 +106,9 @@ class Sampler:
         self._prefetch = prefetch  # warms what a coming group needs (its image)
         self.ttl_s = ttl_s if ttl_s is not None else service.settings.result_ttl_s
         self._batches: dict[str, Batch] = {}
-        self._send, self._recv = trio.open_memory_channel[Batch](self.MAX_LIVE_BATCHES)
+        self._streams: dict[str, Batch] = {}  # each stream's latest batch
+        self._carries: dict[str, Carry] = {}  # each stream's groups waiting for its next batch
+        self._send, self._recv = trio.open_memory_channel[Batch | Carry](self.MAX_LIVE_BATCHES)
         self._running = False
 
     # ---- lifetime --------------------------------------------------------------------
@@ -87,10 +119,17 @@ class Sampler:
             async with trio.open_nursery() as nursery, self._recv:
                 self._running = True
                 task_status.started()
-                async for batch in self._recv:
-                    nursery.start_soon(self._run_batch, batch, name=f"batch-{batch.id}")
+                async for item in self._recv:
+                    if isinstance(item, Carry):
+                        nursery.start_soon(self._expire_carry, item,
+                                           name=f"carry-{item.from_batch.id}")
+                    else:
+                        nursery.start_soon(self._run_batch, item, name=f"batch-{item.id}")
         finally:
             self._running = False
+            for carry in self._carries.values():  # the daemon stops: nobody will adopt them
+                self._drop_carry(carry, "the daemon stopped")
+            self._carries.clear()
 
     # ---- operations the API calls ------------------------------------------------------
 
@@ -113,6 +152,11 @@ class Sampler:
         self._expire()
         if self.live >= self.MAX_LIVE_BATCHES:
             raise TooManyBatches(f"{self.live} batches are running; retry later", retry_after_s=5)
+        if req.stream is not None:
+            last = self._streams.get(req.stream)
+            if last is not None and last.state is BatchState.running:
+                raise StreamBusy(f"batch {last.id} of stream {req.stream!r} is still running; a "
+                                 "stream runs one batch at a time", retry_after_s=1)
         max_gen = min(len(req.prompts), req.max_gen_groups or len(req.prompts))
         batch = Batch(
             id=new_id("b"),
@@ -122,8 +166,14 @@ class Sampler:
         )
         self._send.send_nowait(batch)
         self._batches[batch.id] = batch
-        log.info("batch %s: %d prompts, G=%d, K=%d, in flight %d, bound %d", batch.id,
-                 len(req.prompts), req.group_size, req.keep, batch.max_in_flight, max_gen)
+        if req.stream is not None:
+            self._streams[req.stream] = batch
+            carry = self._carries.pop(req.stream, None)
+            if carry is not None:
+                self._adopt(batch, carry)
+        log.info("batch %s: %d prompts, G=%d, K=%d, in flight %d, bound %d, carried in %d",
+                 batch.id, len(req.prompts), req.group_size, req.keep, batch.max_in_flight,
+                 max_gen, len(batch.carried_in))
         return batch
 
     def get(self, batch_id: str) -> Batch:
@@ -185,6 +235,8 @@ class Sampler:
             if now - (b.ended_at or now) >= self.ttl_s or excess > 0:
                 del self._batches[b.id]
                 excess -= 1
+                if b.stream is not None and self._streams.get(b.stream) is b:
+                    del self._streams[b.stream]
 
     # ---- one batch -------------------------------------------------------------------
 
@@ -193,20 +245,22 @@ class Sampler:
             with batch.scope:
                 await self._drive(batch)
         finally:
-            leftovers = [g for g in batch.groups if g.state is GroupState.running]
-            for group in leftovers:
-                group.state = GroupState.cancelled
-                batch.running -= 1
-                for job in group.jobs:
-                    self.service.pipeline.cancel(job)
             if batch.state is BatchState.running:
                 batch.state = BatchState.cancelled
                 batch.stop_reason = batch.stop_reason or "the daemon stopped"
+            why = "batch_full" if batch.state is BatchState.completed else "batch_ended"
+            leftovers = [g for g in batch.every_group() if g.state is GroupState.running]
+            for group in leftovers:
+                batch.cancelled(group, why)
+                batch.running -= 1
+                for job in group.jobs:
+                    self.service.pipeline.cancel(job)
             # Let the leftovers unwind (sandboxes released) before the batch reports done.
             with trio.move_on_after(LEFTOVER_WAIT_S, shield=True):
                 for group in leftovers:
                     for job in group.jobs:
                         await job.done.wait()
+            batch.wasted_s += sum(g.work_s() for g in leftovers)
             batch.ended_at = trio.current_time()
             batch.release()
             batch.done.set()
@@ -223,6 +277,8 @@ class Sampler:
             while batch._finished and len(batch.kept_groups) < req.keep:
                 self._judge(batch, batch._finished.popleft())
             if len(batch.kept_groups) >= req.keep:
+                if req.stream is not None and req.carry_over:
+                    self._carry_out(batch, req.stream, req.carry_ttl_s)
                 batch.state, batch.stop_reason = BatchState.completed, "kept"
                 return
             retry_s = math.inf
@@ -264,19 +320,68 @@ class Sampler:
         ahead = index + batch.max_in_flight  # the group that starts a window from now
         if self._prefetch is not None and ahead < batch.max_gen_groups:
             self._prefetch([req.prompts[ahead]])
-        group = Group(index=index, group_id=sub.group_id, task=task, jobs=sub.jobs,
-                      pending=len(sub.jobs))
+        group = Group(index=index, group_id=sub.group_id, task=task, jobs=sub.jobs)
+        group.progress.pending = len(sub.jobs)
+        group.progress.route = lambda: batch._group_done(group)
         batch.groups.append(group)
         batch.running += 1
+        for job in sub.jobs:
+            job.add_listener(lambda job: group.progress.sample_done())
+        batch._notify()
 
-        def on_done(job: Job) -> None:
-            group.pending -= 1
-            if group.pending == 0:
+    # ---- streams: leftovers carried to the next batch -----------------------------------
+
+    def _carry_out(self, batch: Batch, stream: str, ttl_s: float) -> None:
+        """``batch`` is full: hand its unjudged groups (running, or finished and waiting to be
+        judged) to the stream's next batch."""
+        waiting = [g for g in batch.every_group() if g.state is GroupState.running]
+        if not waiting:
+            return
+        for group in waiting:
+            group.state = GroupState.carried
+        batch.running = 0
+        batch._finished.clear()
+        carry = Carry(batch, waiting, ttl_s)
+        self._carries[stream] = carry
+        self._send.send_nowait(carry)
+        log.info("batch %s: %d groups carried over to the next batch of stream %r", batch.id,
+                 len(waiting), stream)
+
+    def _adopt(self, batch: Batch, carry: Carry) -> None:
+        """The stream's next batch takes its carried groups: they count as in flight and are
+        judged first (a finished one at once)."""
+        carry.scope.cancel()
+        carry.from_batch.carried_to = batch.id
+        for group in carry.groups:
+            batch.carried_in.append(group)
+            group.progress.route = lambda group=group: batch._group_done(group)
+            batch.running += 1
+            if group.finished:
                 batch._group_done(group)
 
-        for job in sub.jobs:
-            job.add_listener(on_done)
-        batch._notify()
+    async def _expire_carry(self, carry: Carry) -> None:
+        """Cancel a carry that no batch of its stream adopts in time."""
+        with carry.scope:
+            await trio.sleep_forever()
+        if carry.from_batch.carried_to is not None:
+            return  # adopted
+        stream = carry.from_batch.stream
+        if stream is not None and self._carries.get(stream) is carry:
+            del self._carries[stream]
+            self._drop_carry(carry, "not_adopted")
+            with trio.move_on_after(LEFTOVER_WAIT_S, shield=True):
+                for group in carry.groups:
+                    for job in group.jobs:
+                        await job.done.wait()
+            carry.from_batch.wasted_s += sum(g.work_s() for g in carry.groups)
+
+    def _drop_carry(self, carry: Carry, reason: str) -> None:
+        log.info("batch %s: %d carried groups cancelled (%s)", carry.from_batch.id,
+                 len(carry.groups), reason)
+        for group in carry.originals:
+            carry.from_batch.cancelled(group, reason)
+            for job in group.jobs:
+                self.service.pipeline.cancel(job)
 
     def _judge(self, batch: Batch, group: Group) -> None:
         if group.state is not GroupState.running:
@@ -287,6 +392,7 @@ class Sampler:
             current_version=pool.policy_version if pool is not None else 0,
         )
         batch.running -= 1
+        batch.judged(group, keep)
         if keep:
             group.state = GroupState.kept
             batch.kept_groups.append(group)

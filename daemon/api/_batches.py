@@ -49,12 +49,28 @@ class Batches(Protocol):
 class GroupSummary(BaseModel):
     group_id: str
     prompt_index: int
-    state: str = Field(description="running | kept | filtered | cancelled")
+    state: str = Field(description="running | kept | filtered | cancelled | carried")
     reason: str | None = Field(
         None, description="all_equal | low_std | missing_metric | infrastructure | stale"
     )
     detail: str | None = None
     rewards: list[float | None]
+    carried_from: str | None = Field(
+        None, description="The batch of the same stream that started this group, if not this one."
+    )
+
+
+class LengthStats(BaseModel):
+    groups: int
+    mean_duration_s: float | None = Field(
+        description="Mean over groups of the slowest sample's time from submission to its end."
+    )
+    mean_tokens: float | None = Field(description="Mean sampled tokens per sample.")
+
+
+class Lengths(BaseModel):
+    kept: LengthStats
+    offered: LengthStats = Field(description="Every group this batch judged (kept or filtered).")
 
 
 class BatchStatus(BaseModel):
@@ -76,7 +92,20 @@ class BatchStatus(BaseModel):
     filtered: int
     filtered_reasons: dict[str, int]
     in_flight: int
-    cancelled: int = Field(description="Groups stopped unjudged when the batch ended.")
+    cancelled: int = Field(description="Groups stopped unjudged (see cancelled_reasons).")
+    cancelled_reasons: dict[str, int] = Field(
+        description="batch_full (no stream, or carry_over false) | batch_ended (exhausted or "
+        "cancelled) | not_adopted (carried, but no batch of the stream came within carry_ttl_s) "
+        "| the daemon stopped"
+    )
+    stream: str | None
+    carried_in: int = Field(description="Groups adopted from the stream's previous batch.")
+    carried_out: int = Field(description="Groups passed on to the stream's next batch.")
+    carried_to: str | None = Field(description="The batch that adopted them (null until then).")
+    lengths: Lengths = Field(description="Kept versus offered groups' durations and lengths.")
+    wasted_sample_s: float = Field(
+        description="Sample-seconds (INIT+RUN+EVAL) of the groups cancelled unjudged."
+    )
     elapsed_s: float
     created_at: float
     filtered_groups: list[GroupSummary]
@@ -92,6 +121,9 @@ class KeptGroup(BaseModel):
         "its groups open (it is then released: prompts[prompt_index] of the request).",
     )
     rewards: list[float | None]
+    carried_from: str | None = Field(
+        None, description="Started by this stream batch (its prompts[prompt_index]), not this one."
+    )
     rollouts: list[Trajectory]
 
 

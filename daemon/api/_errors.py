@@ -21,6 +21,7 @@ from rolloutd.daemon.errors import (
     ReloadFailed,
     RequestError,
     ServiceUnavailable,
+    StreamBusy,
     TooManyBatches,
 )
 
@@ -32,6 +33,7 @@ ANSWERS: dict[type[RequestError], tuple[int, str]] = {
     IdempotencyConflict: (409, "idempotency_conflict"),
     ImageInUse: (409, "image_in_use"),
     NotReplayable: (409, "not_replayable"),
+    StreamBusy: (409, "stream_busy"),
     InvalidRequest: (422, "invalid_request"),
     InvalidTask: (422, "invalid_task"),
     InvalidBackend: (422, "invalid_backend"),

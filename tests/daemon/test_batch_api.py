@@ -155,6 +155,33 @@ async def test_async_client_sample_batch(served):
         assert err.value.status == 422
 
 
+async def test_async_client_stream_carries_over(served):
+    """Two batches of one stream: the first's slow group is kept by the second, which says so
+    (``carried_from``) and keeps its task; a second batch of a running stream is a 409."""
+    first = [mixed(run_s=0.02), mixed(run_s=[0.02, 1.5], tag="slow"), mixed(run_s=0.02)]
+    async with AsyncClient(served.urls[0], token="tok") as c:
+        a = await c.create_batch(first, group_size=2, keep=2, max_in_flight_groups=3, stream="r1")
+        with pytest.raises(RolloutdError) as err:
+            await c.create_batch(first, group_size=2, keep=1, stream="r1")
+        assert (err.value.status, err.value.type) == (409, "stream_busy")
+        kept_a = [g async for g in c.batch_groups(a["id"], prompts=first)]
+        assert sorted(g.prompt_index for g in kept_a) == [0, 2]
+        st = await c.batch_status(a["id"])
+        assert (st["carried_out"], st["cancelled"]) == (1, 0)
+        second = [mixed(run_s=0.02, tag="b")]
+        groups = [g async for g in c.sample_batch(second, group_size=2, keep=2, stream="r1",
+                                                  carry_over=False)]
+        carried = [g for g in groups if g.carried_from is not None]
+        assert [(g.carried_from, g.prompt_index, g.task["tag"]) for g in carried] == [(a["id"], 1, "slow")]
+        b_id = groups[0].group_id.rsplit(".", 1)[0] if groups[0].carried_from is None else None
+        st_a = await c.batch_status(a["id"])
+        assert st_a["carried_to"] is not None and st_a["carried_to"] != a["id"]
+        st_b = await c.batch_status(st_a["carried_to"])
+        assert (st_b["carried_in"], st_b["kept"], st_b["stream"]) == (1, 2, "r1")
+        assert b_id in (None, st_b["id"])
+        assert st_b["lengths"]["kept"]["groups"] == 2
+
+
 @pytest.mark.parametrize("cancel_on_disconnect", [True, False])
 async def test_client_disconnect(served, cancel_on_disconnect):
     """Default: a batch is cancelled when the last client streaming it disconnects early.

@@ -308,7 +308,7 @@ async def test_stream_from_an_offset_and_after_the_end(start, autojump_clock):
     await batch.done.wait()
     assert [g async for g in node.sampler.groups(batch, start=1)] == batch.kept_groups[1:]
     line = batch.kept_groups[0].line()
-    assert set(line) == {"group_id", "prompt_index", "task", "rewards", "rollouts"}
+    assert set(line) == {"group_id", "prompt_index", "task", "rewards", "carried_from", "rollouts"}
     assert line["rewards"] == [0.0, 1.0] and line["rollouts"][1]["reward"] == 1.0
     assert line["task"] is None  # released: the batch ended with no reader
 
@@ -387,3 +387,107 @@ async def test_groups_share_a_backend_and_leftovers_abort_llm_requests(
            if j.status is Status.cancelled]
     assert cut and {j.trajectory.error.stage for j in cut} == {"run"}
     assert all(b["in_flight"] == 0 for b in pool.describe())  # their LLM requests were aborted
+
+
+# ---- streams: leftovers carry over to the next batch ------------------------------------
+
+
+def accounted(st: dict[str, Any]) -> bool:
+    """Every group a batch started or adopted is in exactly one place."""
+    return (st["tried"] + st["carried_in"] == st["kept"] + st["filtered"] + st["in_flight"]
+            + st["cancelled"] + st["carried_out"]
+            and sum(st["cancelled_reasons"].values()) == st["cancelled"])
+
+
+async def test_stream_carries_slow_groups_to_the_next_batch(start, autojump_clock):
+    node = await start()
+    slow = [mixed(run_s=10), mixed(run_s=[1, 20])]
+    a = node.sampler.create(batch_req([mixed(), slow[0], slow[1], mixed()], stream="run-1",
+                                      max_in_flight_groups=4))
+    kept_a = await collect(node, a)
+    assert sorted(g.index for _, g in kept_a) == [0, 3]
+    st = a.status()
+    assert (st["state"], st["stream"], st["carried_out"], st["cancelled"]) == ("completed", "run-1", 2, 0)
+    assert st["carried_to"] is None and accounted(st)
+    # The slow groups still run: nothing was cancelled, and their samples are not done.
+    carried = [g for g in a.groups if g.state is GroupState.carried]
+    assert [g.index for g in carried] == [1, 2]
+    assert all(not all(j.done.is_set() for j in g.jobs) for g in carried)
+
+    await trio.sleep(12)  # slow[0] finishes between the two batches; slow[1] still runs
+    b = node.sampler.create(batch_req([mixed(run_s=30), mixed(run_s=30)], stream="run-1",
+                                      max_in_flight_groups=2))
+    assert a.status()["carried_to"] == b.id
+    t0 = trio.current_time()
+    kept_b = await collect(node, b)
+    # The two carried groups take B's two in-flight slots and are judged first: the finished
+    # one at once (its slot goes to B's first prompt), the other when it finishes; B's own
+    # 30 s group is then carried on in turn.
+    assert [(g.carried_from, g.index) for _, g in kept_b] == [(a.id, 1), (a.id, 2)]
+    assert kept_b[0][0] == t0 and kept_b[1][0] - t0 < 10
+    st = b.status()
+    assert (st["carried_in"], st["kept"], st["tried"], st["carried_out"]) == (2, 2, 1, 1)
+    assert accounted(st)
+    assert all(j.status is Status.completed for _, g in kept_b for j in g.jobs)
+    lines = [g.line() for _, g in kept_b]
+    assert {line["carried_from"] for line in lines} == {a.id}
+    assert st["lengths"]["kept"]["groups"] == 2 and st["lengths"]["kept"]["mean_duration_s"] > 10
+
+
+async def test_a_stream_runs_one_batch_at_a_time(start, autojump_clock):
+    from rolloutd.daemon.errors import StreamBusy
+
+    node = await start()
+    a = node.sampler.create(batch_req([mixed(run_s=5)] * 3, stream="s"))
+    with pytest.raises(StreamBusy, match="still running"):
+        node.sampler.create(batch_req([mixed()], stream="s"))
+    other = node.sampler.create(batch_req([mixed()], stream="t"))  # another stream is free
+    await collect(node, a)
+    await collect(node, other)
+    node.sampler.cancel(node.sampler.create(batch_req([mixed()], stream="s")).id)
+
+
+async def test_carried_groups_nobody_adopts_are_cancelled(start, autojump_clock):
+    node = await start()
+    a = node.sampler.create(batch_req([mixed(), mixed(), mixed(run_s=500)], stream="s",
+                                      max_in_flight_groups=3, carry_ttl_s=60))
+    await collect(node, a)
+    (slow,) = [g for g in a.groups if g.state is GroupState.carried]
+    await trio.sleep(61)
+    st = a.status()
+    assert (st["carried_out"], st["cancelled"], st["cancelled_reasons"]) == (0, 1, {"not_adopted": 1})
+    assert slow.state is GroupState.cancelled and slow.reason == "not_adopted"
+    assert all(j.status is Status.cancelled for j in slow.jobs) and accounted(st)
+    assert st["wasted_sample_s"] == pytest.approx(2 * 61, abs=2)
+    # The next batch of the stream starts clean.
+    b = node.sampler.create(batch_req([mixed()], stream="s", keep=1))
+    assert b.status()["carried_in"] == 0 and len(await collect(node, b)) == 1
+
+
+@pytest.mark.parametrize("stream", [None, "s"])
+async def test_without_carry_over_leftovers_are_cancelled_with_a_reason(start, autojump_clock, stream):
+    node = await start()
+    a = node.sampler.create(batch_req([mixed(), mixed(), mixed(run_s=500)], stream=stream,
+                                      max_in_flight_groups=3, carry_over=False))
+    await collect(node, a)
+    await a.done.wait()
+    st = a.status()
+    assert (st["carried_out"], st["cancelled_reasons"]) == (0, {"batch_full": 1}) and accounted(st)
+    assert st["lengths"]["offered"]["groups"] == 2
+
+
+async def test_the_daemon_stopping_cancels_a_carry(nursery, tmp_path, autojump_clock):
+    node = Node(make_settings(tmp_path, n_init=8, n_run=8, n_eval=8), services=Services())
+    await nursery.start(node.pipeline.run)
+    async with trio.open_nursery() as sampler_nursery:
+        await sampler_nursery.start(node.sampler.run)
+        a = node.sampler.create(batch_req([mixed(), mixed(), mixed(run_s=500)], stream="s",
+                                          max_in_flight_groups=3))
+        await collect(node, a)
+        sampler_nursery.cancel_scope.cancel()
+    (slow,) = [g for g in a.groups if g.reason is not None]
+    assert (slow.state, slow.reason) == (GroupState.cancelled, "the daemon stopped")
+    with trio.fail_after(5):
+        for j in slow.jobs:
+            await j.done.wait()
+    assert all(j.status is Status.cancelled for j in slow.jobs)
