@@ -145,7 +145,8 @@ async def run_agent(
         t0 = trio.current_time()
         try:
             c: Completion = await pool.complete(
-                context, params, max_tokens=budget, sticky_key=sticky_key, group_key=group_key
+                context, params.for_call(tr.sample_index, turn_no), max_tokens=budget,
+                sticky_key=sticky_key, group_key=group_key,
             )
         finally:
             llm_s = trio.current_time() - t0

@@ -207,10 +207,11 @@ class Session:
         if self.fatal is not None:
             raise ApiError(503, f"this rollout has failed: {self.fatal}", kind="server_error")
         budget = self._budget(prompt, asked)
+        params = self.params.for_call(self.trajectory.sample_index, self.started)
         self.started += 1
         t0 = trio.current_time()
         try:
-            c = await self.pool.complete(prompt, self.params, max_tokens=budget,
+            c = await self.pool.complete(prompt, params, max_tokens=budget,
                                          sticky_key=self.sticky_key, group_key=self.group_key)
         except BackendRejected as exc:
             self.info.refused_calls += 1

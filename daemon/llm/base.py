@@ -20,6 +20,7 @@ Errors raised by ``rolloutd.daemon.llm`` (one tree)::
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -39,8 +40,27 @@ class SamplingParams(BaseModel):
     top_k: int = Field(-1, ge=-1)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
-    seed: int | None = None
+    seed: int | None = Field(
+        None,
+        description="Makes sampling reproducible. Each LLM call of a rollout gets its own seed, "
+        "derived from this one, the sample's index in its group and the call's index, so the "
+        "samples of a group differ and a rerun draws the same tokens (see docs/llm.md).",
+    )
     stop_token_ids: list[int] = Field(default_factory=list)
+
+    def for_call(self, sample: int, call: int) -> SamplingParams:
+        """The parameters of call ``call`` of sample ``sample``: with a ``seed``, that call's
+        own seed (:func:`call_seed`); without one, these."""
+        if self.seed is None:
+            return self
+        return self.model_copy(update={"seed": call_seed(self.seed, sample, call)})
+
+
+def call_seed(seed: int, sample: int, call: int) -> int:
+    """The seed of one LLM call: a hash of (seed, sample index, call index), in [0, 2**31)
+    (every server takes it)."""
+    digest = hashlib.blake2b(f"{seed}:{sample}:{call}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & 0x7FFF_FFFF
 
 
 @dataclass

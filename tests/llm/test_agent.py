@@ -243,3 +243,43 @@ def test_limits_are_one_checked_model():
     for bad in ({"max_turns": 0}, {"tool_timeout_s": float("nan")}, {"bogus": 1}):
         with pytest.raises(ValidationError):
             AgentLimits.model_validate(bad)
+
+
+def test_call_seeds_are_per_sample_and_per_call():
+    from rolloutd.daemon.llm.base import call_seed
+
+    p = SamplingParams(seed=7)
+    assert SamplingParams().for_call(3, 1) == SamplingParams()  # no seed: unchanged
+    seeds = {p.for_call(s, c).seed for s in range(8) for c in range(4)}
+    assert len(seeds) == 32 and all(0 <= x < 2**31 for x in seeds)
+    assert p.for_call(2, 1).seed == call_seed(7, 2, 1) == SamplingParams(seed=7).for_call(2, 1).seed
+    assert p.for_call(0, 0).seed != SamplingParams(seed=8).for_call(0, 0).seed
+
+
+class SeedRecorder(ScriptedBackend):
+    """TEST DOUBLE: a scripted backend that also records the seed of every request."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.seeds = []
+
+    async def complete(self, prompt_ids, params, *, max_tokens):
+        self.seeds.append(params.seed)
+        return await super().complete(prompt_ids, params, max_tokens=max_tokens)
+
+
+async def test_each_turn_of_each_sample_gets_its_own_seed(renderer):
+    from rolloutd.daemon.llm.base import call_seed
+
+    seen = []
+    for sample in (0, 1):
+        backend = SeedRecorder(renderer, [call("bash", cmd="ls"), call("finish", answer="42")])
+        pool = BackendPool()
+        pool.add(backend)
+        tr = Trajectory(id=f"t{sample}", sample_index=sample)
+        await run_agent(trajectory=tr, prompt=PROMPT, pool=pool, renderer=renderer,
+                        toolbox=FakeToolbox(), params=SamplingParams(seed=11),
+                        limits=AgentLimits(), sticky_key=tr.id, group_key=None)
+        assert backend.seeds == [call_seed(11, sample, 0), call_seed(11, sample, 1)]
+        seen += backend.seeds
+    assert len(set(seen)) == 4
