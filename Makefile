@@ -26,8 +26,20 @@ $(VENV)/.embedded: pyproject.toml | $(BIN)/python
 
 # python-daemon's wheel (import name `daemon`, like our daemon/ dir before it became
 # rolloutd.daemon) for tests/test_packaging.py, which installs both offline.
+# The trainer packages of tests/trainers/test_adapters_real.py, with --no-deps: pip cannot
+# resolve them with the rest (what their modules import is the trainers-real extra).
+# - verl 0.9.1 pins transformers!=5.6.0,<5.11,>=5.5.3 (we have 5.19); its agent loop, batch
+#   assembly and GRPO advantage run with 5.19.
+# - tensordict 0.10.0 (verl pins <=0.10.0) needs pyvers<0.2, which needs packaging<26.
+# - skyrl-train 0.3.1 declares Python ==3.12.* and pins flash-attn (a CUDA build), datasets 4.0
+#   and hydra-core 1.3.2; its generator, validation and training-batch code runs on 3.11.
+#   (The newer `skyrl` package does not import on 3.11 at all: tests/trainers/test_adapters_shape.py.)
+# - nemo-gym 0.7.0 declares Python >=3.13.14 and pins openai 2.44 and mcp<2 (agents needs
+#   mcp>=2.3); its /run models import and validate on 3.11 with our openai.
 $(VENV)/.dev: pyproject.toml $(VENV)/.embedded
 	$(PIP) install -e '.[dev]'
+	$(PIP) install --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0
+	$(PIP) install --no-deps --ignore-requires-python skyrl-train==0.3.1 nemo-gym==0.7.0
 	$(DROP_TV)
 	$(PIP) download --no-deps --only-binary=:all: python-daemon -d $(VENV)/wheelhouse
 	touch $@

@@ -19,7 +19,14 @@ first item of a turn carries ``prompt_token_ids = T.token_ids[:turn.start]``,
 ``generation_token_ids = T.token_ids[turn.start:turn.end]`` and ``generation_log_probs``;
 later items of the same turn carry empty lists, so NeMo-RL's contiguity check holds), then
 the tool results as ``function_call_output`` items (no ids); ``reward``; ``mask_sample``;
-``failure_kind`` / ``failure_reason`` from the trajectory's error.
+``failure_kind`` (``rolloutd:<error type>``, the ``<server>:<kind>`` form NeMo-Gym's failure
+vocabulary asks of names it does not register) / ``failure_reason`` from the trajectory's
+error. The answer is plain JSON (NeMo-Gym is not needed at run time): rolloutd's dev
+environment installs nemo-gym 0.7.0 (``--no-deps``, see the Makefile), and
+tests/trainers/test_adapters_real.py parses requests and answers with its own models
+(``BaseRunRequest``, ``BaseVerifyResponse`` in ``nemo_gym/base_resources_server.py``) and checks
+them with its ``assert_prefix_contiguity``. (NeMo-Gym requires ``responses_create_params.input``
+in a ``/run`` body; this route does not, a rolloutd task holding its own prompt.)
 
 **Segments** (harness-driven rollouts whose harness rewrote its history): one ``/run`` is one
 sample, and NeMo-RL turns its ``output`` into one message log whose every item must extend all
@@ -34,6 +41,7 @@ records ``rolloutd_segments`` (how many the rollout had) and ``rolloutd_segments
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -122,16 +130,28 @@ def verify_response(rollout: Trajectory, params: Mapping[str, Any]) -> dict[str,
         "model": params.get("model") or "rolloutd", "status": status, "output": output_items(t),
         "parallel_tool_calls": True, "tool_choice": "auto", "tools": list(params.get("tools") or []),
         "usage": {"input_tokens": t.turns[0].start if t.turns else len(t.token_ids),
-                  "output_tokens": sum(t.loss_mask), "total_tokens": len(t.token_ids)},
+                  "output_tokens": sum(t.loss_mask), "total_tokens": len(t.token_ids),
+                  # required by the Responses usage object (NeMo-Gym's NeMoGymResponse)
+                  "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                  "output_tokens_details": {"reasoning_tokens": 0}},
         "metadata": {"rolloutd_segments": str(info["segments"]),
                      "rolloutd_segments_left_out": str(info["segments_left_out"])},
     }
     body: dict[str, Any] = {"responses_create_params": dict(params), "response": response,
                             "reward": float(t.reward or 0.0), "mask_sample": not t.usable}
     if t.error is not None:
-        body["failure_kind"] = t.error.type
+        body["failure_kind"] = failure_kind(t.error.type)
         body["failure_reason"] = f"{t.error.stage}: {t.error.message}"
     return body
+
+
+def failure_kind(error_type: str) -> str:
+    """``rolloutd:<error type>`` in snake case: NeMo-Gym's ``<server>:<kind>`` form."""
+    kind = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", error_type).lower()
+    kind = re.sub(r"[^a-z0-9_]+", "_", kind).strip("_")
+    if not kind or not kind[0].isalpha():
+        kind = f"error_{kind}".rstrip("_")
+    return f"rolloutd:{kind}"
 
 
 async def run(

@@ -9,7 +9,13 @@ repetition_id)``) and ``batch_metadata``. The rows of one ``instance_id`` become
 group (one ``group_id``, one backend); the task of a row is ``task_fn(prompt, env_class,
 env_extras)``, by default ``env_extras["rolloutd_task"]``. Unusable samples are resubmitted,
 then masked (``loss_masks`` all 0, reward 0), so the output has exactly one row per input row.
-``GeneratorOutput`` fields (SkyRL is not installed here: tested against the published names):
+``RolloutdGenerator`` subclasses SkyRL's ``GeneratorInterface`` where SkyRL is importable:
+from ``skyrl.train.generators.base`` (the ``skyrl`` package, SkyRL >= 0.3), else from the
+legacy ``skyrl_train.generators.base`` (``skyrl-train``), else a plain class. rolloutd's dev
+environment (Python 3.11) has skyrl-train 0.3.1 (the ``skyrl`` package does not import below
+Python 3.12); tests/trainers/test_adapters_real.py checks the output with its
+``validate_generator_output`` and converts it to training tensors as its trainer does.
+``GeneratorOutput`` fields:
 
 ===============================  ==================================================
 ``prompt_token_ids``             ``T.token_ids[:P]``
@@ -60,6 +66,14 @@ from rolloutd.trainers._common import (
     versions,
     zeros_for_null,
 )
+
+try:  # SkyRL >= 0.3: the `skyrl` package (Python >= 3.12)
+    from skyrl.train.generators.base import GeneratorInterface  # type: ignore[import-not-found]
+except ImportError:
+    try:  # the legacy skyrl-train distribution (rolloutd's dev environment, Python 3.11)
+        from skyrl_train.generators.base import GeneratorInterface  # type: ignore[import-not-found]
+    except ImportError:  # no SkyRL: SkyRL only ever calls generate(), so a plain base will do
+        GeneratorInterface = object
 
 TaskFn = Callable[[Any, Any, Mapping[str, Any]], Mapping[str, Any]]
 
@@ -131,9 +145,9 @@ def generator_output(rollouts: list[Trajectory], trajectory_ids: list[Any] | Non
     return out
 
 
-class RolloutdGenerator:
-    """SkyRL ``GeneratorInterface`` over a rolloutd daemon (subclass it in SkyRL code, or pass
-    it where SkyRL expects a generator: SkyRL only calls ``generate``)."""
+class RolloutdGenerator(GeneratorInterface):  # type: ignore[misc,valid-type]
+    """SkyRL ``GeneratorInterface`` over a rolloutd daemon (SkyRL's own class where SkyRL is
+    importable; pass it where SkyRL expects a generator: SkyRL only calls ``generate``)."""
 
     def __init__(self, rolloutd_url: str, *, task_fn: TaskFn = default_task, max_resubmits: int = 2,
                  per_token_rewards: bool = False, step_wise: bool = False, **options: Any) -> None:

@@ -11,8 +11,10 @@ Set ``ROLLOUTD_URL`` for the loop. verl creates one loop per sample and calls
 must hold the rolloutd task under ``rolloutd_task``, or override :meth:`task`. The samples of
 one prompt share a rolloutd ``group_id`` (global step and row ``index``), so they share a
 backend. ``run()`` returns verl's ``AgentLoopOutput`` (``verl/experimental/agent_loop``), or
-the same fields as a dict when verl is not importable (as here: verl is not installed in
-rolloutd's environment; :func:`agent_loop_output` is tested against the published fields):
+the same fields as a dict when verl is not importable. rolloutd's dev environment installs
+verl 0.9.1 (``--no-deps``, see the Makefile), and tests/trainers/test_adapters_real.py builds
+the loop as verl does (``hydra.utils.instantiate`` of the ``_target_`` below) and runs verl's
+own per-sample post-processing and batch assembly on its outputs:
 
 =====================  ===========================================================
 ``prompt_ids``         ``T.token_ids[:P]``
@@ -55,7 +57,7 @@ from rolloutd.trainers._common import (
     zeros_for_null,
 )
 
-try:  # pragma: no cover - verl is not installed in rolloutd's environment
+try:  # verl's own classes where verl is installed (rolloutd's dev environment has it)
     from verl.experimental.agent_loop.agent_loop import (  # type: ignore[import-not-found]
         AgentLoopBase,
         AgentLoopMetrics,
@@ -131,5 +133,5 @@ class RolloutdAgentLoop(AgentLoopBase):
         fields = agent_loop_output(group.rollouts[0], response_length=self._response_length())
         if AgentLoopOutput is None:
             return fields
-        fields["metrics"] = AgentLoopMetrics(**fields["metrics"])  # pragma: no cover
-        return AgentLoopOutput(**fields)  # pragma: no cover
+        fields["metrics"] = AgentLoopMetrics(**fields["metrics"])
+        return AgentLoopOutput(**fields)

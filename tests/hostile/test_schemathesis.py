@@ -70,8 +70,11 @@ async def test_schemathesis_all_checks_pass(tmp_path: Path):
              # anywhere, so that route is tested by hand (tests/daemon/test_backends_api.py).
              "--exclude-name", "POST /v1/backends"],
             capture_stdout=True, check=False, cwd=str(REPO),
-            # The hooks teach schemathesis the document's custom string formats.
-            env=dict(os.environ, SCHEMATHESIS_HOOKS="tests.hostile._schemathesis_hooks"),
+            # The hooks teach schemathesis the document's custom string formats. PYTHONPATH: the
+            # console script's sys.path starts at the venv's bin, and verl's wheel (the dev
+            # extras) installs a top-level `tests` package that would shadow this one.
+            env=dict(os.environ, SCHEMATHESIS_HOOKS="tests.hostile._schemathesis_hooks",
+                     PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))),
         )
         out = result.stdout.decode(errors="replace")
         failures = out[out.find("= FAILURES ="):][:8000] if "= FAILURES =" in out else ""

@@ -9,6 +9,9 @@ row can be checked against exact lists.
 
 from __future__ import annotations
 
+from nemo_gym.base_resources_server import BaseVerifyResponse
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
+
 from rolloutd.daemon.trajectory import Segment, Status, Trajectory, Turn
 from rolloutd.trainers._common import (
     boundary,
@@ -22,7 +25,7 @@ from rolloutd.trainers.skyrl import generator_output
 from rolloutd.trainers.trl_adapter import ROW_KEYS, trl_row
 from rolloutd.trainers.verl import agent_loop_output
 
-from .test_adapters_shape import AgentLoopOutput, VerifyResponse, nemo_rl_message_log
+from .test_adapters_real import nemo_rl_message_log
 
 # Hand-built data: segment 0 is a prompt [1, 2, 3], a call sampling [10, 11], a tool result
 # [4, 5] and a call sampling [12]; then the harness summarised its history, so segment 1 is a
@@ -122,7 +125,7 @@ def test_trl_row_is_the_last_segment_with_the_count_left_out():
 
 
 def test_verl_output_is_the_last_segment_with_the_count_left_out():
-    out = AgentLoopOutput.model_validate(agent_loop_output(two_segments()))
+    out = AgentLoopOutput.model_validate(agent_loop_output(two_segments()))  # verl's own model
     assert out.prompt_ids == [1, 2, 6] and out.response_ids == [13, 14, 15]
     assert out.response_mask == [1, 1, 1] and out.response_logprobs == [-0.4, -0.5, -0.6]
     assert out.reward_score == 1.0
@@ -133,16 +136,17 @@ def test_verl_output_is_the_last_segment_with_the_count_left_out():
 
 
 def test_nemo_gym_answer_is_the_last_segment_with_the_count_left_out():
-    v = VerifyResponse.model_validate(verify_response(two_segments(), {}))
+    body = verify_response(two_segments(), {"input": "go"})
+    v = BaseVerifyResponse.model_validate(body)  # NeMo-Gym's own model
     assert v.reward == 1.0 and not v.mask_sample
-    (item,) = v.response["output"]  # the last segment's one call, matched to the last message
+    (item,) = body["response"]["output"]  # the last segment's one call, matched to the last message
     assert item["type"] == "message" and item["content"][0]["text"] == "final"
     assert item["prompt_token_ids"] == [1, 2, 6] and item["generation_token_ids"] == [13, 14, 15]
     assert item["generation_log_probs"] == [-0.4, -0.5, -0.6]
-    log = nemo_rl_message_log(v.response["output"])  # NeMo-RL's contiguity rule holds
+    log = nemo_rl_message_log(body["response"]["output"])  # NeMo-RL's contiguity rule holds
     assert [i for m in log for i in m["token_ids"]] == SEG1.token_ids
-    assert v.response["metadata"] == {"rolloutd_segments": "2", "rolloutd_segments_left_out": "1"}
-    assert v.response["usage"]["input_tokens"] == 3 and v.response["usage"]["output_tokens"] == 3
+    assert v.response.metadata == {"rolloutd_segments": "2", "rolloutd_segments_left_out": "1"}
+    assert v.response.usage.input_tokens == 3 and v.response.usage.output_tokens == 3
 
 
 def test_builtin_rollout_is_unchanged():
