@@ -80,6 +80,11 @@ def server_argv(uds: str, *, dtype: str = "float32", max_model_len: int = MAX_MO
         "--model", str(served_dir()),
         "--served-model-name", MODEL_NAME, "--max-model-len", str(max_model_len),
         "--enforce-eager", "--uds", uds, "--disable-uvicorn-access-log", "--dtype", dtype, *RL_FLAGS,
+        # A prefill split over engine steps makes vLLM 0.32 rewind a seeded request's generator
+        # (gpu_model_runner._bookkeeping_sync: set_offset), which CPU generators cannot do: the
+        # engine dies ("CPU Generator does not use offset") as soon as seeded requests arrive
+        # together. So every prefill is one step, and a step holds a whole context.
+        "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max_model_len),
     ]
     return argv
 

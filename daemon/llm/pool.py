@@ -369,7 +369,7 @@ class BackendPool:
                     deadline = trio.current_time() + self.backend_wait_s
                 if not self._expected or trio.current_time() >= deadline:
                     self._stats.errors += 1
-                    if deadline is not None and self.backend_wait_s:
+                    if trio.current_time() >= deadline and self.backend_wait_s:  # it did wait
                         raise NoBackend(f"no healthy backend within {self.backend_wait_s:g} s"
                                         + (f" (tried {tried})" if tried else "")) from None
                     raise

@@ -202,6 +202,30 @@ async def test_seeds_and_stop_ids(vllm: Server, renderer) -> None:
     await backend.aclose()
 
 
+async def test_seeded_requests_arriving_together(vllm: Server, renderer) -> None:
+    """24 seeded requests at once, with prompts long enough that vLLM's default token budget
+    (2048 a step) would prefill them in chunks, which made vLLM 0.32's CPU engine die ("CPU
+    Generator does not use offset"). Without chunked prefill every one is answered. (Equality
+    with the same request sent alone is not asserted: a batch's kernels may round differently,
+    so a near-tie may flip.)"""
+    backend = vllm.backend()
+    text = "Here is a long story about the sea, the wind and the ships. " * 20
+    prompts = [_prompt(renderer, f"{i}: {text} Say one word.") for i in range(24)]
+    assert sum(map(len, prompts)) > 3 * 2048
+    answers: dict[int, object] = {}
+
+    async def one(i: int) -> None:
+        answers[i] = await backend.complete(prompts[i], SamplingParams(temperature=1.0, seed=100 + i),
+                                            max_tokens=8)
+
+    async with trio.open_nursery() as n:
+        for i in range(len(prompts)):
+            n.start_soon(one, i)
+    assert vllm.proc.poll() is None and len(answers) == 24
+    assert all(a.token_ids and a.finish_reason in ("stop", "length") for a in answers.values())
+    await backend.aclose()
+
+
 async def test_cancel_aborts_the_request_in_vllm(vllm: Server, renderer) -> None:
     """Cancelling a turn closes its connection and vLLM aborts the request: its running set
     empties at once, it generates no more tokens, and the request never finishes (neither
