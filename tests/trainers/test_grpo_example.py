@@ -76,19 +76,36 @@ def test_group_advantages_and_clipping():
 
 @pytest.mark.slow
 @pytest.mark.model
-def test_two_training_steps_through_rolloutd(tmp_path):
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("engine", ["vllm", "model-server"])
+def test_two_training_steps_through_rolloutd(tmp_path, engine):
+    """The default engine (vLLM's CPU build: whole-checkpoint reloads) and the fallback
+    (``rolloutd model-server``: the trained tensors only)."""
+    import json
+
     from examples.grpo_cpu.train import main
 
     rows = main(["--out", str(tmp_path), "--steps", "2", "--keep", "1", "--group-size", "2",
                  "--keep-all", "--gen-factor", "1", "--examples", "1", "--max-tokens", "32",
-                 "--train-layers", "1", "--updates", "1", "--seed", "1", "--threads", "1"])
+                 "--train-layers", "1", "--updates", "1", "--seed", "1", "--threads", "1",
+                 "--engine", engine])
     assert [r["step"] for r in rows] == [0, 1] and [r["version"] for r in rows] == [1, 2]
     for r in rows:
         assert r["samples"] == 2 and r["kept_groups"] == 1 and r["tokens"] > 0
-        # The trainer's copy scores the sampled tokens as the server sampled them (fp32 both).
+        # The trainer's copy scores the sampled tokens as the server sampled them (fp32 both):
+        # after the first sync too, so the server did load the trained weights.
         assert r["logprob_mismatch"] < 1e-3
     with open(tmp_path / "rewards.csv") as f:
         assert [row["step"] for row in csv.DictReader(f)] == ["0", "1"]
+    with open(tmp_path / "samples.jsonl") as f:
+        sampled = [json.loads(line) for line in f]
+    assert [(d["step"], d["sample_index"]) for d in sampled] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert (tmp_path / "reward.png").stat().st_size > 1000
-    assert (tmp_path / "weights" / "step-2" / "model.safetensors").is_file()
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "weights" / "step-2" / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    # vLLM reloads whole checkpoints; the model-server takes the trained tensors alone.
+    assert ("model.embed_tokens.weight" in names) == (engine == "vllm")
+    assert "model.norm.weight" in names
     assert not (tmp_path / "weights" / "step-1").exists()
