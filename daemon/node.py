@@ -91,7 +91,7 @@ class Node:
         self.services = services or Services()
         self.registry = registry or TaskRegistry.default()
         self.pipeline = Pipeline(settings, self.services)
-        self.service = RolloutService(settings, self.pipeline, self.registry)
+        self.service = RolloutService(settings, self.pipeline, self.registry, node_id=self.node_id)
         self.metrics = Metrics(self.status)
         self.images = Images(settings)
         self.sampler = Sampler(self.service, submit=self.submit, prefetch=self.images.prefetch)

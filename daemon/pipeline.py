@@ -176,6 +176,9 @@ class Pipeline:
                                  message=f"cancelled before {stage.value}")
             return False
         stats = self.stats[stage]
+        if stage is Stage.init:
+            log.info("rollout %s started on %s", job.id, job.trajectory.node_id,
+                     extra=_ids(job, stage=stage.value))
         job.set_stage(Status(stage.value))
         stats.in_flight += 1
         start = trio.current_time()

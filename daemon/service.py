@@ -60,8 +60,11 @@ class RolloutService:
 
     IDEMPOTENCY_KEYS = 100_000
 
-    def __init__(self, settings: Settings, pipeline: Pipeline, registry: TaskRegistry) -> None:
+    def __init__(self, settings: Settings, pipeline: Pipeline, registry: TaskRegistry, *,
+                 node_id: str | None = None) -> None:
         self.settings = settings
+        #: Stamped on every trajectory this daemon runs (``Trajectory.node_id``).
+        self.node_id = node_id
         self.pipeline = pipeline
         self.registry = registry
         self.store = ResultStore(ttl_s=settings.result_ttl_s, max_results=settings.max_results)
@@ -128,6 +131,7 @@ class RolloutService:
         except QueueClosed:
             raise Draining("the daemon is draining and takes no new rollouts", retry_after_s=5) from None
         for job in jobs:
+            job.trajectory.node_id = self.node_id
             self.store.add(job)
         self.submitted_total += len(jobs)
         if req.idempotency_key is not None:

@@ -150,6 +150,8 @@ class Trajectory(BaseModel):
                                  "the rollout was sampled for; null for a rollout submitted alone.")
     task_id: str | None = None
     sample_index: int = 0
+    node_id: str | None = Field(None, description="The daemon (its federation node id) that ran "
+                                "the rollout: where it was queued, or the peer that took it over.")
     status: Status = Status.queued
     usable: bool = False
     reward: float | None = None

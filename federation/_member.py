@@ -92,6 +92,9 @@ class Member:
             **self.record(),
             "last_heard_s": 0.0 if is_self else round(max(0.0, now - self.last_heard), 3),
             "self": is_self,
+            # Only an alive member's capacity is its load now; a suspect, dead or departed
+            # member's is the last report we had.
+            "capacity_stale": not is_self and self.state is not MemberState.ALIVE,
         }
 
     def copy(self) -> Member:

@@ -31,6 +31,7 @@ def render_members(
     table.add_column("running", justify="right")
     table.add_column("backends", justify="right")
     table.add_column("last heard", justify="right")
+    any_stale = False
     for m in sorted(rows, key=lambda m: str(m.get("node_id", ""))):
         cap = m.get("capacity") or {}
         state = str(m.get("state", "-"))
@@ -39,21 +40,33 @@ def render_members(
         else:
             state_text = Text(state, style=_STATE_STYLE.get(state, ""))
         node = str(m.get("node_id", "-"))
+        stale = _is_stale(m, state)
+        any_stale = any_stale or stale
         table.add_row(
             Text(node + (" *" if m.get("self") else ""), style="bold" if m.get("self") else ""),
             str(m.get("url", "-")),
             state_text,
-            _num(cap.get("free_slots")),
-            _num(cap.get("queued")),
-            _num(cap.get("in_flight")),
-            _num(cap.get("healthy_backends")),
+            *(_num(cap.get(k), stale=stale)
+              for k in ("free_slots", "queued", "in_flight", "healthy_backends")),
             "now" if m.get("self") else _ago(m.get("last_heard_s")),
         )
+    if any_stale:
+        table.caption = "~n: the last load a member reported before it went quiet (stale, not live)"
+        table.caption_justify = "left"
     return table
 
 
-def _num(v: Any) -> str:
-    return "-" if v is None else str(v)
+def _is_stale(m: Mapping[str, Any], state: str) -> bool:
+    """Whether a member's capacity is only its last report (not alive, not this node)."""
+    if "capacity_stale" in m:
+        return bool(m["capacity_stale"])
+    return not m.get("self") and state != "alive"
+
+
+def _num(v: Any, *, stale: bool = False) -> Text | str:
+    if v is None:
+        return "-"
+    return Text(f"~{v}", style="dim italic") if stale else str(v)
 
 
 def _ago(seconds: Any) -> str:

@@ -4,6 +4,7 @@ results and cancels through the front, and a dying peer's rollouts failing expli
 from __future__ import annotations
 
 import socket
+from collections import Counter
 
 import trio
 
@@ -74,6 +75,8 @@ async def test_forwarding_runs_each_rollout_once_and_results_go_through_the_fron
         ran = [executed(node) for node, _ in cluster]
         assert sum(ran) == 30, ran
         assert all(r > 0 for r in ran), ran  # every daemon took a share
+        # Each trajectory names the daemon that ran it.
+        assert Counter(t.node_id for t in trajs) == {n.node_id: executed(n) for n, _ in cluster}
         remote = [i for i in ids if front.forwarder.node_of(i)]
         assert remote
         one = await c.get(remote[0])

@@ -45,7 +45,8 @@ async def test_renders_members_with_state_capacity_and_last_heard():
     lines = text.splitlines()
     assert any("node-a *" in line and "now" in line for line in lines)
     b = next(line for line in lines if "node-b" in line)
-    assert "suspect" in b and " 7 " in b and " 8 " in b and "s ago" in b
+    assert "suspect" in b and " ~7 " in b and " ~8 " in b and "s ago" in b  # its last report
+    assert "stale" in text
     assert "alive, draining" in next(line for line in lines if "node-c" in line)
     for header in ("node", "state", "free", "queued", "running", "backends", "last heard"):
         assert header in text
@@ -57,3 +58,25 @@ def test_accepts_the_members_route_answer_and_missing_fields():
     )
     row = next(line for line in text.splitlines() if "old" in line)
     assert "dead" in row and "-" in row
+
+
+async def test_a_dead_members_last_load_is_stale_and_alive_ones_are_live():
+    fed = Federation("node-a", "http://a:8000", capacity=Cap(free_slots=3, queued=1))
+    members = [
+        {"node_id": "node-b", "url": "http://b:8000", "incarnation": 1, "heartbeat": 3,
+         "capacity": Cap(free_slots=0, queued=12, in_flight=16, healthy_backends=1)(),
+         "updated_at": 0.0, "state": "dead"},
+        {"node_id": "node-c", "url": "http://c:8000", "incarnation": 1, "heartbeat": 3,
+         "capacity": Cap(free_slots=5, queued=0, in_flight=2, healthy_backends=1)(),
+         "updated_at": 0.0, "state": "alive"},
+    ]
+    fed.handle_gossip({"members": members})
+    rows = {m["node_id"]: m for m in fed.members()}
+    assert rows["node-b"]["capacity_stale"] is True
+    assert rows["node-c"]["capacity_stale"] is False and rows["node-a"]["capacity_stale"] is False
+    text = as_text(render_members(fed.members()))
+    b = next(line for line in text.splitlines() if "node-b" in line)
+    c = next(line for line in text.splitlines() if "node-c" in line)
+    assert "dead" in b and " ~12 " in b and " ~16 " in b
+    assert "~" not in c and " 5 " in c
+    assert "stale" in text

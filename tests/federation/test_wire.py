@@ -75,6 +75,7 @@ async def test_good_gossip_merges_and_answers_our_view():
         "state",
         "last_heard_s",
         "self",
+        "capacity_stale",
     }
     assert rows[0]["self"] and not rows[1]["self"]
 
