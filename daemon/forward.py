@@ -21,8 +21,16 @@ import httpx
 import trio
 
 from rolloutd.daemon.errors import DaemonError
+from rolloutd.daemon.jobs import new_id
 from rolloutd.daemon.trajectory import ErrorInfo, Status, Trajectory
-from rolloutd.federation import Federation, ForwardedJobs, Member, MemberState, forward_headers
+from rolloutd.federation import (
+    Federation,
+    ForwardedJobs,
+    Member,
+    MemberState,
+    forward_headers,
+    ids_headers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +40,11 @@ POLL_INTERVAL_S = 1.0
 
 
 class PeerUnavailable(DaemonError):
-    """A peer that holds a forwarded rollout could not be reached."""
+    """A peer could not be reached (or refused a forward it provably did not take)."""
+
+
+class _NeverSent(Exception):
+    """The request provably never reached the peer (no connection was made)."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +63,7 @@ class Forwarder:
         self._where: OrderedDict[str, str] = OrderedDict()  # job id -> node id, bounded
         self._max_known = max_known
         self._lost: dict[str, Trajectory] = {}
+        self._open: dict[str, set[trio.CancelScope]] = {}  # node id -> open forward requests
         self._http: httpx.AsyncClient | None = None
         self.forwarded_total = 0
 
@@ -69,35 +82,96 @@ class Forwarder:
         """The peer to forward a new rollout to, or None to run it here."""
         return self.federation.place()
 
-    async def submit(self, member: Member, body: dict[str, Any], *, wait: bool) -> PeerAnswer:
-        """Forward one POST /v1/rollouts; returns the peer's answer.
+    async def submit(self, member: Member, body: dict[str, Any], n: int, *, wait: bool) -> PeerAnswer:
+        """Forward one POST /v1/rollouts of ``n`` samples; returns the peer's answer.
 
-        Raises PeerUnavailable when the request never reached the peer (the caller may then
-        run the rollout locally without risking a second copy).
+        The front chooses the samples' ids and records them as forwarded before it sends, so
+        whatever happens next it answers for them. Raises PeerUnavailable only when the peer
+        provably did not take the request (no connection was made, or it answered 429/503):
+        the caller may then run the rollouts here. A request that was sent but never answered
+        is retried once with the same idempotency key (and ids); if that fails too, its
+        samples are ``failed`` with ``peer_lost`` and never run anywhere else. So are they
+        when the peer is declared dead while the request (a ``wait``) is open.
         """
         body = dict(body)
         body.setdefault("idempotency_key", f"fwd-{uuid.uuid4().hex}")
-        http = self._client()
+        body.setdefault("group_id", new_id("g"))
+        ids = [new_id("r") for _ in range(n)]
+        node_id = member.node_id
+        for job_id in ids:
+            self.live.add(job_id, node_id)
+            self._remember(job_id, node_id)
         url = f"{member.url}/v1/rollouts" + ("?wait=true" if wait else "")
-        try:
-            resp = await http.post(url, json=body)
-        except httpx.ConnectError as exc:
-            raise PeerUnavailable(f"{member.node_id}: {exc}") from None
-        except httpx.HTTPError:
-            # Sent but unanswered: retry once with the same idempotency key.
+        resp: httpx.Response | None = None
+        with trio.CancelScope() as scope:  # on_dead cancels it: the peer will never answer
+            self._open.setdefault(node_id, set()).add(scope)
             try:
-                resp = await http.post(url, json=body)
+                resp = await self._post(url, body, ids)
+            except _NeverSent as exc:
+                self._forget(ids)
+                raise PeerUnavailable(f"{node_id}: {exc}") from None
             except httpx.HTTPError as exc:
-                raise PeerUnavailable(f"{member.node_id}: {exc}") from None
-        data = resp.json()
-        if resp.status_code in (200, 202):
-            ids = data.get("ids") or [t["id"] for t in data.get("rollouts", [])]
+                log.warning("forwarding %d rollouts to %s went unanswered (%s): they are lost",
+                            len(ids), node_id, exc)
+                for job_id in ids:
+                    self.live.fail(job_id)
+                    self._lose(job_id, node_id, f"peer {node_id} took the request and never "
+                               "answered it (it was not re-run elsewhere)")
+            finally:
+                self._open[node_id].discard(scope)
+        if resp is None:  # lost (unanswered, or the peer died while we waited)
+            if scope.cancelled_caught:
+                log.warning("peer %s died with %d forwarded rollouts open", node_id, len(ids))
+            if wait:
+                rollouts = [self._lost[i].model_dump(mode="json") for i in ids if i in self._lost]
+                return PeerAnswer(200, {"group_id": body["group_id"], "rollouts": rollouts})
+            return PeerAnswer(202, {"group_id": body["group_id"], "ids": ids})
+        try:
+            data = resp.json()
+        except ValueError:
+            data = {"error": {"type": "bad_peer_answer", "message": resp.text[:500]}}
+        if resp.status_code in (429, 503):  # refused: it holds none of them
+            self._forget(ids)
+            raise PeerUnavailable(f"{node_id} refused the rollouts (HTTP {resp.status_code})")
+        if resp.status_code not in (200, 202):
+            self._forget(ids)
+        elif resp.status_code == 200:
             for job_id in ids:
-                self._remember(job_id, member.node_id)
-                if resp.status_code == 202:
-                    self.live.add(job_id, member.node_id)
+                self.live.discard(job_id)
+            self.forwarded_total += len(ids)
+        else:
             self.forwarded_total += len(ids)
         return PeerAnswer(resp.status_code, data)
+
+    async def _post(self, url: str, body: dict[str, Any], ids: list[str]) -> httpx.Response:
+        """POST, retried once (same idempotency key and ids) when it may have been sent."""
+        http = self._client()
+        headers = ids_headers(ids)
+        try:
+            return await http.post(url, json=body, headers=headers)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            raise _NeverSent(str(exc) or type(exc).__name__) from None
+        except httpx.HTTPError:
+            pass
+        try:
+            return await http.post(url, json=body, headers=headers)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            # The first try may have arrived: the peer may hold them, so they are not ours.
+            raise httpx.TransportError(f"retry could not connect: {exc}") from None
+
+    def _forget(self, ids: list[str]) -> None:
+        for job_id in ids:
+            self.live.discard(job_id)
+            self._where.pop(job_id, None)
+
+    def _lose(self, job_id: str, node_id: str, message: str) -> None:
+        self._lost[job_id] = Trajectory(
+            id=job_id,
+            node_id=node_id,
+            status=Status.failed,
+            usable=False,
+            error=ErrorInfo(stage="forward", type="peer_lost", message=message),
+        )
 
     # ---- lookups --------------------------------------------------------------------
 
@@ -112,6 +186,12 @@ class Forwarder:
             resp = await self._client().get(f"{member.url}/v1/rollouts/{job_id}")
         except httpx.HTTPError as exc:
             raise PeerUnavailable(f"{member.node_id} holds {job_id} and did not answer: {exc}") from None
+        if resp.status_code == 404 and job_id in self.live:
+            # The peer answers (it is up) and does not know the rollout: it never took it.
+            self.live.fail(job_id)
+            self._lose(job_id, member.node_id, f"peer {member.node_id} does not know this rollout: "
+                       "the forwarded request never reached it (it was not re-run elsewhere)")
+            return self._lost[job_id].model_dump(mode="json")
         data: dict[str, Any] = resp.json()
         if resp.is_success and Status(data["status"]).terminal:
             self.live.discard(job_id)
@@ -174,13 +254,10 @@ class Forwarder:
             log.warning("peer %s is %s: %d forwarded rollouts failed", member.node_id,
                         member.state.value, len(ids))
         for job_id in ids:
-            self._lost[job_id] = Trajectory(
-                id=job_id,
-                status=Status.failed,
-                usable=False,
-                error=ErrorInfo(stage="forward", type="peer_lost",
-                                message=f"peer {member.node_id} died while it ran this rollout"),
-            )
+            self._lose(job_id, member.node_id, f"peer {member.node_id} was lost ({member.state.value}) "
+                       "while it held this rollout (it was not re-run elsewhere)")
+        for scope in self._open.get(member.node_id, ()):
+            scope.cancel()
         await trio.lowlevel.checkpoint()
 
     async def on_rejoin(self, member: Member) -> None:

@@ -26,7 +26,7 @@ from rolloutd.daemon.journal import Journal, JournalError
 from rolloutd.daemon.sampling import Sampler
 from rolloutd.daemon.service import RolloutRequest, RolloutService, Submitted
 from rolloutd.daemon.trajectory import Trajectory
-from rolloutd.federation import is_forwarded
+from rolloutd.federation import forwarded_ids, is_forwarded
 
 if TYPE_CHECKING:
     from rolloutd.daemon.llm.chat import ChatRenderer
@@ -82,10 +82,17 @@ class Front:
 
     # ---- rollouts ---------------------------------------------------------------------
 
-    async def accept(self, req: RolloutRequest, *, replay_of: Trajectory | None = None) -> Submitted:
+    async def accept(self, req: RolloutRequest, *, replay_of: Trajectory | None = None,
+                     ids: list[str] | None = None) -> Submitted:
         """Submit for a client: the jobs are in the journal before the client hears their ids,
-        so an accepted id is never forgotten (after a crash it answers ``lost``)."""
-        sub = self._intake(req, replay_of=replay_of) if replay_of is not None else self._intake(req)
+        so an accepted id is never forgotten (after a crash it answers ``lost``). ``ids``: the
+        ids a forwarding peer chose."""
+        extra: dict[str, Any] = {}
+        if replay_of is not None:
+            extra["replay_of"] = replay_of
+        if ids is not None:
+            extra["ids"] = ids
+        sub = self._intake(req, **extra)
         try:
             await self.journal.sync()
         except JournalError as exc:
@@ -100,16 +107,22 @@ class Front:
     ) -> Submitted | PeerAnswer:
         """A client's submit (``req`` is ``body`` parsed): forwarded to a peer when placement
         says so (the peer's answer), else accepted here; with ``wait``, once every sample ended."""
-        forwarded = await self._maybe_forward(body, wait=wait, headers=headers)
+        forwarded = await self._maybe_forward(body, req.n, wait=wait, headers=headers)
         if forwarded is not None:
             return forwarded
-        sub = await self.accept(req)
+        ids = None
+        if is_forwarded(headers):
+            try:
+                ids = forwarded_ids(headers)
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from None
+        sub = await self.accept(req, ids=ids)
         if wait:
             await self.service.wait(sub.jobs)
         return sub
 
     async def _maybe_forward(
-        self, body: dict[str, Any], *, wait: bool, headers: Mapping[str, str]
+        self, body: dict[str, Any], n: int, *, wait: bool, headers: Mapping[str, str]
     ) -> PeerAnswer | None:
         if self.forwarder is None or self.service.draining or is_forwarded(headers):
             return None
@@ -117,8 +130,8 @@ class Front:
         if member is None:
             return None
         try:
-            return await self.forwarder.submit(member, body, wait=wait)
-        except PeerUnavailable as exc:
+            return await self.forwarder.submit(member, body, n, wait=wait)
+        except PeerUnavailable as exc:  # it provably never took them
             log.warning("forwarding to %s failed (%s); running here", member.node_id, exc)
             return None
 

@@ -130,10 +130,11 @@ class Node:
     # ---- wiring -----------------------------------------------------------------------
 
     def submit(self, req: RolloutRequest, *, batch_id: str | None = None,
-               replay_of: Trajectory | None = None) -> Submitted:
+               replay_of: Trajectory | None = None, ids: list[str] | None = None) -> Submitted:
         """Submit to the service with the journal and metrics following each new job (the
-        front's and the sampler's intake); ``replay_of``: a replay of that rollout."""
-        sub = self.service.submit(req, batch_id=batch_id, replay_of=replay_of)
+        front's and the sampler's intake); ``replay_of``: a replay of that rollout; ``ids``:
+        the ids a forwarding peer chose."""
+        sub = self.service.submit(req, batch_id=batch_id, replay_of=replay_of, ids=ids)
         if not sub.replayed:
             self.journal.record_submitted(sub.jobs)
             for job in sub.jobs:

@@ -75,10 +75,11 @@ class RolloutService:
     # ---- submit -------------------------------------------------------------------
 
     def submit(self, req: RolloutRequest, *, batch_id: str | None = None,
-               replay_of: Trajectory | None = None) -> Submitted:
+               replay_of: Trajectory | None = None, ids: list[str] | None = None) -> Submitted:
         """Turn ``req`` into jobs on the pipeline; ``batch_id``: the batch they are sampled for
         (the sampler's, never a client's: it is no field of the request); ``replay_of``: a
-        replay of that finished rollout."""
+        replay of that finished rollout; ``ids``: the samples' ids, chosen by the federation
+        peer that forwarded the request (one per sample, none in use here)."""
         if self.draining:
             raise Draining("the daemon is draining and takes no new rollouts", retry_after_s=5)
         self.check_group_size("n", req.n)
@@ -94,6 +95,8 @@ class RolloutService:
                 jobs = [j for j in (self.store.get(i) for i in seen[2]) if j is not None]
                 if len(jobs) == len(seen[2]):
                     return Submitted(seen[1], jobs, replayed=True)
+        if ids is not None:
+            self._check_ids(ids, req.n)
         try:
             handler = self.registry.get(req.task.get("kind"))
             task = self.registry.validate(req.task)
@@ -118,9 +121,9 @@ class RolloutService:
             batch_id=batch_id,
             replay_of=replay_of,
         )
-        jobs = [
-            Job(request, job_id=new_id("r"), group_id=group_id, sample_index=i) for i in range(req.n)
-        ]
+        ids = ids if ids is not None else [new_id("r") for _ in range(req.n)]
+        jobs = [Job(request, job_id=job_id, group_id=group_id, sample_index=i)
+                for i, job_id in enumerate(ids)]
         try:
             self.pipeline.submit(jobs)
         except QueueFull:
@@ -139,6 +142,13 @@ class RolloutService:
             while len(self._idempotency) > self.IDEMPOTENCY_KEYS:
                 self._idempotency.popitem(last=False)
         return Submitted(group_id, jobs)
+
+    def _check_ids(self, ids: list[str], n: int) -> None:
+        if len(ids) != n:
+            raise InvalidTask(f"{len(ids)} rollout ids were given for n={n} samples")
+        taken = next((i for i in ids if self.store.get(i) is not None), None)
+        if taken is not None:
+            raise IdempotencyConflict(f"rollout id {taken!r} is already in use here")
 
     @property
     def max_group_size(self) -> int:

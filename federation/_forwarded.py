@@ -73,6 +73,18 @@ class ForwardedJobs:
             self._orphans.popitem(last=False)
         return jobs
 
+    def fail(self, job_id: str) -> str | None:
+        """Forget one job whose peer may or may not have it (its forward went unanswered) and
+        keep it as an orphan of that node; returns the node, None when it was not tracked."""
+        node_id = self._node_of.get(job_id)
+        if node_id is None:
+            return None
+        self.discard(job_id)
+        self._orphans[job_id] = node_id
+        while len(self._orphans) > self._max_orphans:
+            self._orphans.popitem(last=False)
+        return node_id
+
     def take_orphans(self, node_id: str) -> list[str]:
         """Ids failed by `fail_node(node_id)` not taken yet: cancel them if the node is back."""
         taken = sorted(j for j, n in self._orphans.items() if n == node_id)

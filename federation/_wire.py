@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hmac
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, TypedDict, TypeGuard
 
 from ._exceptions import GossipPayloadError
@@ -16,6 +17,10 @@ MEMBERS_PATH: Final = "/v1/federation/members"
 FORWARDED_HEADER: Final = "X-Rolloutd-Forwarded"
 """Header on a forwarded rollout; a node that receives it never forwards the job again."""
 FORWARDED_VALUE: Final = "1"
+IDS_HEADER: Final = "X-Rolloutd-Ids"
+"""On a forwarded rollout: the ids its samples get (comma-separated), chosen by the sender, so
+that it can answer for them whatever becomes of the request (the peer honours them)."""
+MAX_FORWARDED_IDS: Final = 10_000
 PROTOCOL_VERSION: Final = 1
 MAX_PAYLOAD_MEMBERS: Final = 10_000
 STATES: Final = ("alive", "suspect", "dead", "left")
@@ -142,6 +147,34 @@ def is_forwarded(headers: Mapping[str, str]) -> bool:
 
     `headers` must be case-insensitive (quart, httpx and starlette headers are)."""
     return headers.get(FORWARDED_HEADER) == FORWARDED_VALUE
+
+
+def ids_headers(ids: Sequence[str]) -> dict[str, str]:
+    """The header that hands a peer the ids of the samples it is sent."""
+    return {IDS_HEADER: ",".join(ids)}
+
+
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+
+
+def forwarded_ids(headers: Mapping[str, str]) -> list[str] | None:
+    """The ids a forwarded request carries (`IDS_HEADER`), or None without the header.
+
+    Looked up case-insensitively. Raises ValueError for a malformed list (an empty or bad id,
+    a repeated one, more than MAX_FORWARDED_IDS)."""
+    wanted = IDS_HEADER.lower()
+    raw = next((v for k, v in headers.items() if k.lower() == wanted), None)
+    if raw is None:
+        return None
+    ids = raw.split(",")
+    if len(ids) > MAX_FORWARDED_IDS:
+        raise ValueError(f"{IDS_HEADER} holds {len(ids)} ids, more than {MAX_FORWARDED_IDS}")
+    bad = next((i for i in ids if not _ID.fullmatch(i)), None)
+    if bad is not None:
+        raise ValueError(f"{IDS_HEADER} holds a malformed id: {bad[:140]!r}")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{IDS_HEADER} repeats an id")
+    return ids
 
 
 def check_token(authorization: str | None, token: str | None) -> bool:

@@ -162,3 +162,54 @@ async def test_every_gossip_setting_reaches_the_federation(tmp_path, nursery):
     assert node.federation.gossip == settings.gossip
     assert (node.federation.gossip.fanout, node.federation.gossip.request_timeout_s) == (7, 0.4)
     node.request_stop()
+
+
+async def test_a_forwarded_wait_whose_peer_dies_is_lost_and_never_rerun_on_the_front(tmp_path, nursery):
+    """Issue 22: a wait=true rollout forwarded to a peer that then dies answers failed/peer_lost;
+    the front never runs a copy (it used to re-run it when the open request broke)."""
+    import httpx
+
+    cluster = await start_cluster(tmp_path, nursery)
+    front = cluster[0][0]
+    assert front.forwarder is not None
+    async with AsyncClient(front.urls[0], token="fedtok") as c:
+        busy = []
+        for _ in range(9):  # every slot of the three daemons (1 + 1 + 1 each) taken
+            busy += (await c.submit(sleep_task(run_s=60))).ids
+        before = set(front.forwarder.live.jobs_on(cluster[1][0].node_id)) | set(
+            front.forwarder.live.jobs_on(cluster[2][0].node_id))
+        answers: list[httpx.Response] = []
+
+        async def wait_for_one() -> None:
+            async with httpx.AsyncClient(timeout=60, headers={"Authorization": "Bearer fedtok"}) as http:
+                answers.append(await http.post(f"{front.urls[0]}/v1/rollouts?wait=true",
+                                               json={"task": sleep_task(run_s=60), "n": 2}))
+
+        nursery.start_soon(wait_for_one)
+        with trio.fail_after(10):
+            while True:
+                new = {node.node_id: set(front.forwarder.live.jobs_on(node.node_id)) - before
+                       for node, _ in cluster[1:]}
+                if any(new.values()):
+                    break
+                await trio.sleep(0.05)
+        [(peer_id, waiting)] = [(k, v) for k, v in new.items() if v]
+        peer, peer_scope = next((n, s) for n, s in cluster if n.node_id == peer_id)
+        peer_scope.cancel()  # the peer dies with the request open
+        with trio.fail_after(20):
+            while not answers:
+                await trio.sleep(0.05)
+        [resp] = answers
+        assert resp.status_code == 200, resp.text
+        rollouts = resp.json()["rollouts"]
+        assert {r["id"] for r in rollouts} == waiting
+        assert {(r["status"], r["error"]["type"]) for r in rollouts} == {("failed", "peer_lost")}
+        for job_id in waiting:  # no copy on the front, and it answers the same later
+            assert front.service.store.get(job_id) is None
+            assert (await c.get(job_id)).error.type == "peer_lost"
+        for i in busy:
+            if front.forwarder.node_of(i) != peer_id:
+                await c.cancel(i)
+    for node, _ in cluster:
+        if node is not peer:
+            node.request_stop()

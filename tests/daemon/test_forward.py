@@ -1,0 +1,158 @@
+"""The front's forwarder against real sockets that misbehave: what provably never reached a peer
+may run elsewhere; what may have reached it is ``failed`` (``peer_lost``), never run twice."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+
+from rolloutd.daemon.forward import Forwarder, PeerUnavailable
+from rolloutd.federation import Capacity, Federation, Member, MemberState
+
+BODY = {"task": {"kind": "sleep", "run_s": 1}, "n": 2}
+
+
+class Peer:
+    """A TCP server on loopback that misbehaves on purpose (``mode``):
+
+    - ``"hang"``: takes the connection and the request, never answers (a partition);
+    - ``"slam"``: closes every connection as soon as the request arrived (a crash);
+    - ``"answer"``: answers each request with ``status`` and ``body``.
+    """
+
+    def __init__(self, mode: str, status: int = 200, body: object = None) -> None:
+        self.mode, self.status, self.body = mode, status, body
+        self.requests: list[bytes] = []
+        self.port = 0
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started()
+        await trio.serve_listeners(self._handle, listeners)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        async with stream:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = await stream.receive_some()
+                if not chunk:
+                    return
+                data += chunk
+            self.requests.append(data)
+            if self.mode == "hang":
+                await trio.sleep_forever()
+            if self.mode == "answer":
+                payload = json.dumps(self.body).encode()
+                head = (f"HTTP/1.1 {self.status} X\r\ncontent-type: application/json\r\n"
+                        f"content-length: {len(payload)}\r\nconnection: close\r\n\r\n")
+                await stream.send_all(head.encode() + payload)
+
+    @property
+    def member(self) -> Member:
+        return Member(node_id="peer", url=f"http://127.0.0.1:{self.port}")
+
+
+async def forwarder(nursery) -> Forwarder:
+    def capacity() -> Capacity:
+        return Capacity(free_slots=0, queued=0, in_flight=0, healthy_backends=1, draining=False)
+
+    fed = Federation("front", "http://127.0.0.1:1", capacity=capacity)
+    fwd = Forwarder(fed, token=None)
+    await nursery.start(fwd.run)
+    return fwd
+
+
+def closed_port() -> int:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there: a connection is refused
+    return int(port)
+
+
+async def test_a_refused_connection_never_reached_the_peer_so_the_front_may_run_it(nursery):
+    fwd = await forwarder(nursery)
+    member = Member(node_id="peer", url=f"http://127.0.0.1:{closed_port()}")
+    with pytest.raises(PeerUnavailable):
+        await fwd.submit(member, BODY, 2, wait=True)
+    assert len(fwd.live) == 0 and not fwd.statistics()["lost"]
+
+
+@pytest.mark.parametrize("status", [429, 503])
+async def test_a_refusal_by_the_peer_is_proof_it_holds_nothing(nursery, status):
+    fwd = await forwarder(nursery)
+    peer = Peer("answer", status, {"error": {"type": "queue_full", "message": "full"}})
+    await nursery.start(peer.serve)
+    with pytest.raises(PeerUnavailable):
+        await fwd.submit(peer.member, BODY, 2, wait=False)
+    assert len(fwd.live) == 0
+
+
+async def test_a_peer_that_dies_after_taking_the_request_loses_it_not_the_front(nursery):
+    """The request reached the peer (it may run it): after the one retry also goes unanswered,
+    both samples are failed/peer_lost, and PeerUnavailable is NOT raised (so the front does
+    not run them too)."""
+    fwd = await forwarder(nursery)
+    peer = Peer("slam")
+    await nursery.start(peer.serve)
+    answer = await fwd.submit(peer.member, BODY, 2, wait=True)
+    assert answer.status == 200
+    rollouts = answer.body["rollouts"]
+    assert [r["status"] for r in rollouts] == ["failed", "failed"]
+    assert {r["error"]["type"] for r in rollouts} == {"peer_lost"}
+    assert {r["node_id"] for r in rollouts} == {"peer"}
+    assert len(peer.requests) == 2  # the retry carried the same idempotency key and ids
+    first, second = (r.decode("latin-1").lower() for r in peer.requests)
+    ids_line = next(line for line in first.splitlines() if line.startswith("x-rolloutd-ids"))
+    assert ids_line in second
+    for r in rollouts:  # and they answer so afterwards
+        assert (await fwd.get(r["id"]))["error"]["type"] == "peer_lost"
+
+
+async def test_a_partitioned_peer_declared_dead_ends_an_open_wait_as_peer_lost(nursery):
+    """A wait=true forward to a peer that took the request and went silent (no answer, no
+    reset) returns when the peer is declared dead: failed/peer_lost, not re-run."""
+    fwd = await forwarder(nursery)
+    peer = Peer("hang")
+    await nursery.start(peer.serve)
+    answers = []
+
+    async def submit() -> None:
+        answers.append(await fwd.submit(peer.member, BODY, 2, wait=True))
+
+    nursery.start_soon(submit)
+    with trio.fail_after(5):
+        while not peer.requests:
+            await trio.sleep(0.01)
+    assert len(fwd.live) == 2
+    dead = peer.member
+    dead.state = MemberState.DEAD
+    await fwd.on_dead(dead)
+    with trio.fail_after(5):
+        while not answers:
+            await trio.sleep(0.01)
+    [answer] = answers
+    assert answer.status == 200
+    assert [r["error"]["type"] for r in answer.body["rollouts"]] == ["peer_lost", "peer_lost"]
+    assert len(peer.requests) == 1  # no retry to a dead peer, and nothing else ran
+
+
+async def test_a_peer_that_does_not_know_a_forwarded_id_never_got_it(nursery):
+    fwd = await forwarder(nursery)
+    peer = Peer("answer", 202, {"group_id": "g-1", "ids": ["x", "y"]})
+    await nursery.start(peer.serve)
+    record = peer.member.record()
+    record["incarnation"] = record["heartbeat"] = 1
+    fwd.federation.handle_gossip({"members": [record]})  # the front knows the peer as alive
+    answer = await fwd.submit(peer.member, BODY, 2, wait=False)
+    assert answer.status == 202
+    [job_id, _] = fwd.live.jobs_on("peer")
+    peer.status, peer.body = 404, {"error": {"type": "not_found", "message": "no rollout"}}
+    data = await fwd.get(job_id)
+    assert data["status"] == "failed" and data["error"]["type"] == "peer_lost"
+    assert job_id not in fwd.live
