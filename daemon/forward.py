@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 #: Connect quickly (a dead peer should not stall a submit); reads last as long as a rollout.
 TIMEOUT = httpx.Timeout(connect=3.0, read=None, write=30.0, pool=10.0)
 POLL_INTERVAL_S = 1.0
+#: A lookup or cancel relayed to a peer: a partitioned peer answers 503 rather than hang.
+LOOKUP_TIMEOUT = httpx.Timeout(connect=3.0, read=10.0, write=10.0, pool=10.0)
 
 
 class PeerUnavailable(DaemonError):
@@ -133,6 +135,8 @@ class Forwarder:
         if resp.status_code in (429, 503):  # refused: it holds none of them
             self._forget(ids)
             raise PeerUnavailable(f"{node_id} refused the rollouts (HTTP {resp.status_code})")
+        if resp.status_code in (200, 202):
+            ids = self._reconcile(ids, data, node_id, live=resp.status_code == 202)
         if resp.status_code not in (200, 202):
             self._forget(ids)
         elif resp.status_code == 200:
@@ -159,6 +163,22 @@ class Forwarder:
             # The first try may have arrived: the peer may hold them, so they are not ours.
             raise httpx.TransportError(f"retry could not connect: {exc}") from None
 
+    def _reconcile(self, ids: list[str], data: Any, node_id: str, *, live: bool) -> list[str]:
+        """The ids the peer answered with. They differ from ours only when the client's own
+        idempotency key matched an earlier request there: then the earlier ids stand."""
+        try:
+            theirs = data.get("ids") or [t["id"] for t in data.get("rollouts", [])]
+        except (AttributeError, KeyError, TypeError):
+            return ids
+        if not theirs or theirs == ids or not all(isinstance(i, str) for i in theirs):
+            return ids
+        self._forget(ids)
+        for job_id in theirs:
+            self._remember(job_id, node_id)
+            if live and job_id not in self.live:
+                self.live.add(job_id, node_id)
+        return list(theirs)
+
     def _forget(self, ids: list[str]) -> None:
         for job_id in ids:
             self.live.discard(job_id)
@@ -183,9 +203,13 @@ class Forwarder:
             return self._lost[job_id].model_dump(mode="json")
         member = self._member_of(job_id)
         try:
-            resp = await self._client().get(f"{member.url}/v1/rollouts/{job_id}")
+            resp = await self._client().get(f"{member.url}/v1/rollouts/{job_id}", timeout=LOOKUP_TIMEOUT)
         except httpx.HTTPError as exc:
             raise PeerUnavailable(f"{member.node_id} holds {job_id} and did not answer: {exc}") from None
+        if job_id in self._lost:
+            # Declared lost while the answer was on its way (a partition that healed): the
+            # first terminal answer stands, and a peer's late result is not it.
+            return self._lost[job_id].model_dump(mode="json")
         if resp.status_code == 404 and job_id in self.live:
             # The peer answers (it is up) and does not know the rollout: it never took it.
             self.live.fail(job_id)
@@ -202,9 +226,11 @@ class Forwarder:
             return PeerAnswer(200, {"id": job_id, "status": self._lost[job_id].status.value})
         member = self._member_of(job_id)
         try:
-            resp = await self._client().delete(f"{member.url}/v1/rollouts/{job_id}")
+            resp = await self._client().delete(f"{member.url}/v1/rollouts/{job_id}", timeout=LOOKUP_TIMEOUT)
         except httpx.HTTPError as exc:
             raise PeerUnavailable(f"{member.node_id} holds {job_id} and did not answer: {exc}") from None
+        if job_id in self._lost:
+            return PeerAnswer(200, {"id": job_id, "status": self._lost[job_id].status.value})
         return PeerAnswer(resp.status_code, resp.json())
 
     async def relay(self, node_id: str, ids: Sequence[str], send: trio.MemorySendChannel[str]) -> None:
@@ -212,15 +238,12 @@ class Forwarder:
         todo = list(ids)
         async with send:
             try:
-                member = self._member(node_id)
-                params = {"ids": ",".join(todo)}
-                async with self._client().stream("GET", f"{member.url}/v1/rollouts/stream", params=params) as resp:
-                    async for line in resp.aiter_lines():
-                        if line.strip():
-                            job_id = json.loads(line)["id"]
-                            self.live.discard(job_id)
-                            todo.remove(job_id)
-                            send.send_nowait(line)
+                with trio.CancelScope() as scope:  # on_dead ends it: then poll (lost records)
+                    self._open.setdefault(node_id, set()).add(scope)
+                    try:
+                        await self._stream(node_id, todo, send)
+                    finally:
+                        self._open[node_id].discard(scope)
             except (httpx.HTTPError, PeerUnavailable, ValueError, KeyError):
                 pass
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -240,6 +263,19 @@ class Forwarder:
                             return
                 if todo:
                     await trio.sleep(POLL_INTERVAL_S)
+
+    async def _stream(self, node_id: str, todo: list[str], send: trio.MemorySendChannel[str]) -> None:
+        member = self._member(node_id)
+        params = {"ids": ",".join(todo)}
+        async with self._client().stream("GET", f"{member.url}/v1/rollouts/stream", params=params) as resp:
+            async for line in resp.aiter_lines():
+                if line.strip():
+                    job_id = json.loads(line)["id"]
+                    if job_id in self._lost:  # declared lost first: that answer stands
+                        line = self._lost[job_id].model_dump_json()
+                    self.live.discard(job_id)
+                    todo.remove(job_id)
+                    send.send_nowait(line)
 
     def node_of(self, job_id: str) -> str | None:
         if job_id in self._lost:

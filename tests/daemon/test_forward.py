@@ -26,6 +26,7 @@ class Peer:
         self.mode, self.status, self.body = mode, status, body
         self.requests: list[bytes] = []
         self.port = 0
+        self.gate: trio.Event | None = None  # when set: answers wait for it
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -45,6 +46,8 @@ class Peer:
             if self.mode == "hang":
                 await trio.sleep_forever()
             if self.mode == "answer":
+                if self.gate is not None:
+                    await self.gate.wait()
                 payload = json.dumps(self.body).encode()
                 head = (f"HTTP/1.1 {self.status} X\r\ncontent-type: application/json\r\n"
                         f"content-length: {len(payload)}\r\nconnection: close\r\n\r\n")
@@ -156,3 +159,36 @@ async def test_a_peer_that_does_not_know_a_forwarded_id_never_got_it(nursery):
     data = await fwd.get(job_id)
     assert data["status"] == "failed" and data["error"]["type"] == "peer_lost"
     assert job_id not in fwd.live
+
+
+async def test_a_peer_answer_that_arrives_after_the_peer_was_declared_dead_does_not_count(nursery):
+    """A lookup in flight across a partition: the peer is declared dead (its rollouts
+    peer_lost), then the partition heals and the peer's late 'completed' arrives. The first
+    terminal answer stands: a trainer never sees two final statuses for one id."""
+    fwd = await forwarder(nursery)
+    peer = Peer("answer", 202, {"group_id": "g-1", "ids": []})
+    await nursery.start(peer.serve)
+    record = peer.member.record()
+    record["incarnation"] = record["heartbeat"] = 1
+    fwd.federation.handle_gossip({"members": [record]})
+    await fwd.submit(peer.member, BODY, 2, wait=False)
+    [job_id, _] = fwd.live.jobs_on("peer")
+    peer.status, peer.body, peer.gate = 200, {"id": job_id, "status": "completed"}, trio.Event()
+    answers = []
+
+    async def look() -> None:
+        answers.append(await fwd.get(job_id))
+
+    nursery.start_soon(look)
+    with trio.fail_after(5):
+        while len(peer.requests) < 2:
+            await trio.sleep(0.01)
+    dead = peer.member
+    dead.state = MemberState.DEAD
+    await fwd.on_dead(dead)
+    peer.gate.set()  # the partition heals; the peer's answer arrives
+    with trio.fail_after(5):
+        while not answers:
+            await trio.sleep(0.01)
+    assert answers[0]["status"] == "failed" and answers[0]["error"]["type"] == "peer_lost"
+    assert (await fwd.get(job_id))["error"]["type"] == "peer_lost"
