@@ -131,6 +131,10 @@ class Settings(BaseModel):
     suspect_after_s: float = _GOSSIP.suspect_after_s
     dead_after_s: float = _GOSSIP.dead_after_s
     request_timeout_s: float = _GOSSIP.request_timeout_s
+    #: Work stealing: a daemon with free slots and nothing queued takes queued rollouts from
+    #: the busiest peer (daemon/steal.py), checking every steal_interval_s.
+    work_stealing: bool = True
+    steal_interval_s: float = Field(0.2, gt=0, le=60)
 
     @field_validator("sandbox_tmpfs_mb")
     @classmethod

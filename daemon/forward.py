@@ -45,7 +45,7 @@ class PeerUnavailable(DaemonError):
     """A peer could not be reached (or refused a forward it provably did not take)."""
 
 
-class _NeverSent(Exception):
+class NeverSent(PeerUnavailable):
     """The request provably never reached the peer (no connection was made)."""
 
 
@@ -102,22 +102,22 @@ class Forwarder:
         node_id = member.node_id
         for job_id in ids:
             self.live.add(job_id, node_id)
-            self._remember(job_id, node_id)
+            self.remember(job_id, node_id)
         url = f"{member.url}/v1/rollouts" + ("?wait=true" if wait else "")
         resp: httpx.Response | None = None
         with trio.CancelScope() as scope:  # on_dead cancels it: the peer will never answer
             self._open.setdefault(node_id, set()).add(scope)
             try:
-                resp = await self._post(url, body, ids)
-            except _NeverSent as exc:
-                self._forget(ids)
+                resp = await self.post(url, body, headers=ids_headers(ids))
+            except NeverSent as exc:
+                self.forget(ids)
                 raise PeerUnavailable(f"{node_id}: {exc}") from None
             except httpx.HTTPError as exc:
                 log.warning("forwarding %d rollouts to %s went unanswered (%s): they are lost",
                             len(ids), node_id, exc)
                 for job_id in ids:
                     self.live.fail(job_id)
-                    self._lose(job_id, node_id, f"peer {node_id} took the request and never "
+                    self.lose(job_id, node_id, f"peer {node_id} took the request and never "
                                "answered it (it was not re-run elsewhere)")
             finally:
                 self._open[node_id].discard(scope)
@@ -133,12 +133,12 @@ class Forwarder:
         except ValueError:
             data = {"error": {"type": "bad_peer_answer", "message": resp.text[:500]}}
         if resp.status_code in (429, 503):  # refused: it holds none of them
-            self._forget(ids)
+            self.forget(ids)
             raise PeerUnavailable(f"{node_id} refused the rollouts (HTTP {resp.status_code})")
         if resp.status_code in (200, 202):
             ids = self._reconcile(ids, data, node_id, live=resp.status_code == 202)
         if resp.status_code not in (200, 202):
-            self._forget(ids)
+            self.forget(ids)
         elif resp.status_code == 200:
             for job_id in ids:
                 self.live.discard(job_id)
@@ -147,18 +147,23 @@ class Forwarder:
             self.forwarded_total += len(ids)
         return PeerAnswer(resp.status_code, data)
 
-    async def _post(self, url: str, body: dict[str, Any], ids: list[str]) -> httpx.Response:
-        """POST, retried once (same idempotency key and ids) when it may have been sent."""
+    async def post(self, url: str, body: dict[str, Any], *, headers: dict[str, str] | None = None,
+                   limits: httpx.Timeout | None = None) -> httpx.Response:
+        """POST to a peer, retried once when the first try may have been sent (the body must
+        make a retry harmless: an idempotency key, ids); ``limits``: its httpx timeouts. Raises NeverSent when no try reached
+        the peer for sure, httpx.HTTPError when one may have."""
         http = self._client()
-        headers = ids_headers(ids)
+        extra: dict[str, Any] = {"headers": headers}
+        if limits is not None:
+            extra["timeout"] = limits
         try:
-            return await http.post(url, json=body, headers=headers)
+            return await http.post(url, json=body, **extra)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            raise _NeverSent(str(exc) or type(exc).__name__) from None
+            raise NeverSent(str(exc) or type(exc).__name__) from None
         except httpx.HTTPError:
             pass
         try:
-            return await http.post(url, json=body, headers=headers)
+            return await http.post(url, json=body, **extra)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             # The first try may have arrived: the peer may hold them, so they are not ours.
             raise httpx.TransportError(f"retry could not connect: {exc}") from None
@@ -172,26 +177,29 @@ class Forwarder:
             return ids
         if not theirs or theirs == ids or not all(isinstance(i, str) for i in theirs):
             return ids
-        self._forget(ids)
+        self.forget(ids)
         for job_id in theirs:
-            self._remember(job_id, node_id)
+            self.remember(job_id, node_id)
             if live and job_id not in self.live:
                 self.live.add(job_id, node_id)
         return list(theirs)
 
-    def _forget(self, ids: list[str]) -> None:
+    def forget(self, ids: list[str]) -> None:
+        """Drop ids that are not (or no longer) the peer's: it provably does not hold them."""
         for job_id in ids:
             self.live.discard(job_id)
             self._where.pop(job_id, None)
 
-    def _lose(self, job_id: str, node_id: str, message: str) -> None:
-        self._lost[job_id] = Trajectory(
+    def lose(self, job_id: str, node_id: str, message: str) -> Trajectory:
+        """Record rollout ``job_id`` as failed/peer_lost (held by ``node_id``); returns it."""
+        traj = self._lost[job_id] = Trajectory(
             id=job_id,
             node_id=node_id,
             status=Status.failed,
             usable=False,
             error=ErrorInfo(stage="forward", type="peer_lost", message=message),
         )
+        return traj
 
     # ---- lookups --------------------------------------------------------------------
 
@@ -213,7 +221,7 @@ class Forwarder:
         if resp.status_code == 404 and job_id in self.live:
             # The peer answers (it is up) and does not know the rollout: it never took it.
             self.live.fail(job_id)
-            self._lose(job_id, member.node_id, f"peer {member.node_id} does not know this rollout: "
+            self.lose(job_id, member.node_id, f"peer {member.node_id} does not know this rollout: "
                        "the forwarded request never reached it (it was not re-run elsewhere)")
             return self._lost[job_id].model_dump(mode="json")
         data: dict[str, Any] = resp.json()
@@ -290,7 +298,7 @@ class Forwarder:
             log.warning("peer %s is %s: %d forwarded rollouts failed", member.node_id,
                         member.state.value, len(ids))
         for job_id in ids:
-            self._lose(job_id, member.node_id, f"peer {member.node_id} was lost ({member.state.value}) "
+            self.lose(job_id, member.node_id, f"peer {member.node_id} was lost ({member.state.value}) "
                        "while it held this rollout (it was not re-run elsewhere)")
         for scope in self._open.get(member.node_id, ()):
             scope.cancel()
@@ -309,12 +317,19 @@ class Forwarder:
 
     # ---- internals -------------------------------------------------------------------
 
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """The HTTP client to peers (auth and forwarded headers set); PeerUnavailable when the
+        forwarder is not running."""
+        return self._client()
+
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
             raise PeerUnavailable("the forwarder is not running")
         return self._http
 
-    def _remember(self, job_id: str, node_id: str) -> None:
+    def remember(self, job_id: str, node_id: str) -> None:
+        """Note that ``node_id`` holds rollout ``job_id`` (lookups go there; bounded)."""
         self._where[job_id] = node_id
         while len(self._where) > self._max_known:
             self._where.popitem(last=False)

@@ -30,6 +30,7 @@ from rolloutd.federation import forwarded_ids, is_forwarded
 
 if TYPE_CHECKING:
     from rolloutd.daemon.llm.chat import ChatRenderer
+    from rolloutd.daemon.steal import AdoptRequest, Stealer, StealRequest
     from rolloutd.federation import Federation
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class Front:
         self._renderer = renderer
         self.federation: Federation | None = None
         self.forwarder: Forwarder | None = None
+        self.stealer: Stealer | None = None
         self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -146,7 +148,11 @@ class Front:
             return traj
 
     async def rollout(self, job_id: str) -> dict[str, Any]:
-        """A rollout's trajectory so far: here, in the journal, or on the peer it went to."""
+        """A rollout's trajectory so far: here, in the journal, or on the peer it went to (a
+        rollout handed over to a peer is asked there until it ended)."""
+        job = self.service.store.get(job_id)
+        if job is not None and (job.moved_to is None or job.done.is_set()):
+            return job.trajectory.model_dump(mode="json")
         if self.forwarder is not None and self.forwarder.knows(job_id):
             data: dict[str, Any] = await self._from_peer(self.forwarder.get(job_id))
             return data
@@ -288,6 +294,19 @@ class Front:
     def members(self) -> list[dict[str, Any]]:
         """The federation's member table (empty without federation)."""
         return self.federation.members() if self.federation is not None else []
+
+    async def steal(self, req: StealRequest) -> dict[str, Any]:
+        """A peer with free slots asks for queued rollouts (work stealing)."""
+        return await self._stealing().give(req)
+
+    async def adopt(self, req: AdoptRequest) -> dict[str, Any]:
+        """A peer hands over queued rollouts (work stealing)."""
+        return await self._stealing().adopt(req)
+
+    def _stealing(self) -> Stealer:
+        if self.stealer is None:
+            raise NotFound("federation is not enabled on this daemon")
+        return self.stealer
 
     async def gossip(self, read_payload: Callable[[], Awaitable[Any]]) -> dict[str, Any]:
         """Answer a peer's gossip, read by ``read_payload`` once federation is known to be on

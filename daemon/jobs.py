@@ -109,6 +109,12 @@ class Job:
             self.trajectory.replay = ReplayInfo(of=request.replay_of.id)
         self.cancel_requested = False
         self.stage_scope: trio.CancelScope | None = None
+        #: Work stealing: the peer this queued job was handed over to (it runs there, and this
+        #: job ends with the peer's trajectory), and the peer a job taken over here came from.
+        self.moved_to: str | None = None
+        self.adopted_from: str | None = None
+        #: Called by ``cancel`` while the job runs elsewhere (the hand-over relays it).
+        self.on_cancel: Callable[[], None] | None = None
         self.done = trio.Event()
         self.submitted_at = trio.current_time()
         self.finished_at: float | None = None
@@ -178,6 +184,8 @@ class Job:
         self.cancel_requested = True
         if self.stage_scope is not None:
             self.stage_scope.cancel()
+        if self.on_cancel is not None:
+            self.on_cancel()
 
     def summary(self) -> dict[str, Any]:
         t = self.trajectory
@@ -322,6 +330,26 @@ class JobQueue:
                 heapq.heapify(self._heap)
                 return True
         return False
+
+    def take_last(self, n: int, eligible: Callable[[Job], bool]) -> list[Job]:
+        """Withdraw up to ``n`` eligible jobs from the far end (lowest priority, newest first):
+        the ones that would start last here, for a peer to run (work stealing)."""
+        order = sorted(self._heap, reverse=True)
+        taken = [job for _, _, job in order if eligible(job)][:n]
+        if taken:
+            ids = {id(job) for job in taken}
+            self._heap = [entry for entry in self._heap if id(entry[2]) not in ids]
+            heapq.heapify(self._heap)
+        return taken
+
+    def put_back(self, jobs: list[Job]) -> None:
+        """Queue again jobs that ``take_last`` withdrew (the peer did not take them); their
+        slots were theirs, so the capacity is not checked. Raises QueueClosed when draining."""
+        if self._closed:
+            raise QueueClosed
+        for job in jobs:
+            heapq.heappush(self._heap, (-job.priority, next(self._counter), job))
+        self._lot.unpark(count=len(jobs))
 
     def close(self) -> None:
         self._closed = True

@@ -43,13 +43,14 @@ from rolloutd.daemon.config import Settings
 from rolloutd.daemon.forward import Forwarder
 from rolloutd.daemon.front import Front
 from rolloutd.daemon.images import Images
-from rolloutd.daemon.jobs import new_id
+from rolloutd.daemon.jobs import Job, new_id
 from rolloutd.daemon.journal import Journal
 from rolloutd.daemon.logs import redact
 from rolloutd.daemon.metrics import Metrics
 from rolloutd.daemon.pipeline import Pipeline, Services
 from rolloutd.daemon.sampling import Sampler
 from rolloutd.daemon.service import RolloutRequest, RolloutService, Submitted
+from rolloutd.daemon.steal import Stealer
 from rolloutd.daemon.tasks.registry import TaskRegistry
 from rolloutd.federation import Federation, Member, slurm_seeds
 
@@ -136,12 +137,21 @@ class Node:
         the ids a forwarding peer chose."""
         sub = self.service.submit(req, batch_id=batch_id, replay_of=replay_of, ids=ids)
         if not sub.replayed:
-            self.journal.record_submitted(sub.jobs)
-            for job in sub.jobs:
-                job.add_listener(self.metrics.observe_job)
-                job.add_listener(self.journal.record_finished)
-            self.images.prefetch([req.task])
+            self.follow(sub.jobs)
         return sub
+
+    def follow(self, jobs: list[Job]) -> None:
+        """Journal new jobs and observe them when they end (metrics: only the ones run here,
+        not those handed over to a peer); fetch their images ahead."""
+        self.journal.record_submitted(jobs)
+        for job in jobs:
+            job.add_listener(self._observe)
+            job.add_listener(self.journal.record_finished)
+        self.images.prefetch(list({id(j.request.task): j.request.task for j in jobs}.values()))
+
+    def _observe(self, job: Job) -> None:
+        if job.moved_to is None:
+            self.metrics.observe_job(job)
 
     # ---- what operators read ------------------------------------------------------------
 
@@ -165,7 +175,9 @@ class Node:
                 else None
             ),
             "federation": (
-                {"members": self.federation.members(), **(self.forwarder.statistics() if self.forwarder else {})}
+                {"members": self.federation.members(),
+                 **(self.forwarder.statistics() if self.forwarder else {}),
+                 **(self.front.stealer.statistics() if self.front.stealer else {})}
                 if self.federation
                 else None
             ),
@@ -386,8 +398,13 @@ class Node:
             on_rejoin=on_rejoin,
         )
         forwarder = Forwarder(federation, self.token)
+        stealer = Stealer(node_id=self.node_id, settings=self.settings, pipeline=self.pipeline,
+                          service=self.service, forwarder=forwarder, journal=self.journal,
+                          follow=self.follow)
         self.front.federation, self.front.forwarder = federation, forwarder
+        self.front.stealer = stealer
         await nursery.start(forwarder.run)
+        await nursery.start(stealer.run)
         await nursery.start(federation.run)
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from rolloutd.daemon.errors import DaemonError
-from rolloutd.daemon.jobs import Job, JobQueue, StageStats
+from rolloutd.daemon.jobs import Job, JobQueue, QueueClosed, StageStats
 from rolloutd.daemon.tasks.base import EvalContext, TaskFailure
 from rolloutd.daemon.trajectory import ErrorInfo, Stage, Status
 
@@ -63,6 +63,7 @@ class Pipeline:
         self._run_send, self._run_recv = trio.open_memory_channel[Job](settings.n_run)
         self._eval_send, self._eval_recv = trio.open_memory_channel[Job](settings.n_eval)
         self._live: set[Job] = set()
+        self._away: set[Job] = set()  # handed over to a peer, not finished yet
         self._idle = trio.Event()
         self._idle.set()
 
@@ -83,9 +84,47 @@ class Pipeline:
             self._finish(job, Status.cancelled, stage=Stage.queue, etype="cancelled",
                          message="cancelled while queued")
 
+    def hand_over(self, n: int, eligible: Callable[[Job], bool]) -> list[Job]:
+        """Withdraw up to ``n`` queued jobs (the ones that would start last) for a peer to run:
+        they no longer count here, but the pipeline stays busy (``wait_idle``) until each is
+        finished (with the peer's result) or taken back (``take_back``)."""
+        jobs = self.intake.take_last(n, lambda j: not j.done.is_set() and not j.cancel_requested
+                                     and eligible(j))
+        for job in jobs:
+            self._live.discard(job)
+            self._away.add(job)
+        return jobs
+
+    def take_back(self, jobs: list[Job]) -> None:
+        """Queue again handed-over jobs the peer did not take (cancelled if this daemon is
+        draining, or if they were cancelled meanwhile)."""
+        back = []
+        for job in jobs:
+            self._away.discard(job)
+            if job.done.is_set():
+                continue
+            self._live.add(job)
+            if job.cancel_requested:
+                self._finish(job, Status.cancelled, stage=Stage.queue, etype="cancelled",
+                             message="cancelled while queued")
+            else:
+                back.append(job)
+        try:
+            self.intake.put_back(back)
+        except QueueClosed:
+            for job in back:
+                job.cancel()
+                self._finish(job, Status.cancelled, stage=Stage.queue, etype="cancelled",
+                             message="the daemon is shutting down")
+
     @property
     def live(self) -> int:
         return len(self._live)
+
+    @property
+    def away(self) -> int:
+        """Jobs handed over to peers and not finished yet."""
+        return len(self._away)
 
     async def wait_idle(self) -> None:
         """Return once no job is queued or in flight."""
@@ -97,6 +136,7 @@ class Pipeline:
             "queue_capacity": self.intake.capacity,
             "accepting": not self.intake.closed,
             "live_jobs": len(self._live),
+            "handed_over": len(self._away),
             "stages": {
                 "init": self.stats[Stage.init].snapshot(len(self.intake)),
                 "run": self.stats[Stage.run].snapshot(self._run_recv.statistics().current_buffer_used),
@@ -123,7 +163,7 @@ class Pipeline:
 
     def cancel_all(self) -> None:
         self.cancel_queued()
-        for job in list(self._live):
+        for job in [*self._live, *self._away]:
             job.cancel()
 
     # ---- the stages -----------------------------------------------------------------
@@ -144,6 +184,9 @@ class Pipeline:
                 for job in list(self._live):
                     await self._conclude(job, Status.cancelled, stage=_stage_of(job),
                                          etype="cancelled", message="the daemon stopped")
+                for job in list(self._away):
+                    self._finish(job, Status.cancelled, stage=Stage.queue, etype="cancelled",
+                                 message=f"the daemon stopped while {job.moved_to} ran it")
 
     async def _init_worker(self) -> None:
         while True:
@@ -402,7 +445,8 @@ class Pipeline:
 
     def _untrack(self, job: Job) -> None:
         self._live.discard(job)
-        if not self._live:
+        self._away.discard(job)
+        if not self._live and not self._away:
             self._idle.set()
 
     async def _conclude(self, job: Job, status: Status, **details: Any) -> None:

@@ -48,6 +48,32 @@ class RolloutRequest(BaseModel):
     labels: list[str] = Field(default_factory=list, max_length=32)
 
 
+class QueuedSample(BaseModel):
+    """One queued sample as it moves to a federation peer (work stealing): all it needs to
+    run there under the same id."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
+    group_id: str = Field(min_length=1, max_length=200)
+    sample_index: int = Field(ge=0)
+    batch_id: str | None = Field(None, max_length=200)
+    task: dict[str, Any]
+    sampling: SamplingParams | None = None
+    limits: dict[str, Any] | None = None
+    timeout_s: float = Field(gt=0)
+    priority: int = Field(0, ge=-1000, le=1000)
+    labels: list[str] = Field(default_factory=list, max_length=64)
+
+    @classmethod
+    def of(cls, job: Job) -> QueuedSample:
+        req = job.request
+        t = job.trajectory
+        return cls(id=job.id, group_id=job.group_id, sample_index=t.sample_index,
+                   batch_id=req.batch_id, task=req.task, sampling=req.sampling, limits=req.limits,
+                   timeout_s=req.timeout_s, priority=req.priority, labels=list(req.labels))
+
+
 @dataclass
 class Submitted:
     group_id: str
@@ -149,6 +175,51 @@ class RolloutService:
         taken = next((i for i in ids if self.store.get(i) is not None), None)
         if taken is not None:
             raise IdempotencyConflict(f"rollout id {taken!r} is already in use here")
+
+    def adopt(self, samples: list[QueuedSample], *, origin: str) -> tuple[list[Job], list[str], dict[str, str]]:
+        """Take over queued samples from peer ``origin`` (work stealing), under their ids.
+
+        Returns the jobs newly queued here, the ids of every sample accepted, and for each
+        sample refused, why (draining, queue full, a task this daemon cannot run). A sample
+        already taken over here (a retried hand-over) is accepted again, not queued twice."""
+        jobs: list[Job] = []
+        accepted: list[str] = []
+        refused: dict[str, str] = {}
+        for sample in samples:
+            known = self.store.get(sample.id)
+            if known is not None:
+                if known.adopted_from == origin:
+                    accepted.append(sample.id)
+                else:
+                    refused[sample.id] = "the id is in use here"
+                continue
+            if self.draining:
+                refused[sample.id] = "draining"
+                continue
+            try:
+                handler = self.registry.get(sample.task.get("kind"))
+                task = self.registry.validate(sample.task)
+            except TaskError as exc:
+                refused[sample.id] = f"invalid task: {exc}"
+                continue
+            request = JobRequest(task=task, handler=handler, timeout_s=sample.timeout_s,
+                                 sampling=sample.sampling, limits=sample.limits,
+                                 priority=sample.priority, labels=list(sample.labels),
+                                 batch_id=sample.batch_id)
+            job = Job(request, job_id=sample.id, group_id=sample.group_id,
+                      sample_index=sample.sample_index)
+            job.adopted_from = origin
+            job.trajectory.node_id = self.node_id
+            try:
+                self.pipeline.submit([job])
+            except (QueueFull, QueueClosed) as exc:
+                refused[sample.id] = "queue full" if isinstance(exc, QueueFull) else "draining"
+                continue
+            self.store.add(job)
+            self.submitted_total += 1
+            jobs.append(job)
+            accepted.append(job.id)
+        return jobs, accepted, refused
 
     @property
     def max_group_size(self) -> int:

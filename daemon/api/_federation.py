@@ -1,6 +1,8 @@
 """Routes between federated daemons (``/v1/federation``).
 
     POST /v1/federation/gossip     a peer's view of the members, answered with ours (hidden)
+    POST /v1/federation/steal      a peer with free slots asks for queued rollouts (hidden)
+    POST /v1/federation/adopt      a peer hands over queued rollouts (hidden)
     GET  /v1/federation/members    the member table (empty without federation)
 """
 
@@ -13,7 +15,8 @@ from pydantic import BaseModel
 from quart_schema import document_response, hide
 from quart_trio import QuartTrio
 
-from rolloutd.daemon.api._http import errors, json_body
+from rolloutd.daemon.api._http import BODY_ERRORS, errors, json_body, parse
+from rolloutd.daemon.steal import AdoptRequest, StealRequest
 
 
 class Peers(Protocol):
@@ -21,6 +24,8 @@ class Peers(Protocol):
 
     def members(self) -> list[dict[str, Any]]: ...
     async def gossip(self, read_payload: Callable[[], Awaitable[Any]]) -> dict[str, Any]: ...
+    async def steal(self, req: StealRequest) -> dict[str, Any]: ...
+    async def adopt(self, req: AdoptRequest) -> dict[str, Any]: ...
 
 
 class MembersResponse(BaseModel):
@@ -32,6 +37,18 @@ def register(app: QuartTrio, peers: Peers) -> None:
     @hide
     async def gossip() -> Any:
         return await peers.gossip(json_body)
+
+    @app.post("/v1/federation/steal")
+    @hide
+    @errors(*BODY_ERRORS, 404)
+    async def steal() -> Any:
+        return await peers.steal(parse(StealRequest, await json_body()))
+
+    @app.post("/v1/federation/adopt")
+    @hide
+    @errors(*BODY_ERRORS, 404)
+    async def adopt() -> Any:
+        return await peers.adopt(parse(AdoptRequest, await json_body()))
 
     @app.get("/v1/federation/members")
     @document_response(MembersResponse, 200)

@@ -213,3 +213,95 @@ async def test_a_forwarded_wait_whose_peer_dies_is_lost_and_never_rerun_on_the_f
     for node, _ in cluster:
         if node is not peer:
             node.request_stop()
+
+
+async def submit_here(node: Node, task: dict, n: int) -> list[str]:
+    """Submit to ``node`` itself (the forwarded mark: no placement), as a front would."""
+    import httpx
+
+    async with httpx.AsyncClient(headers={"Authorization": "Bearer fedtok",
+                                          "X-Rolloutd-Forwarded": "1"}) as http:
+        resp = await http.post(f"{node.urls[0]}/v1/rollouts", json={"task": task, "n": n})
+        assert resp.status_code == 202, resp.text
+        return list(resp.json()["ids"])
+
+
+async def test_idle_daemons_steal_queued_rollouts_exactly_once_keeping_their_ids(tmp_path, nursery):
+    """Issue 22: 12 rollouts queued on one daemon (1 slot each) are taken over by the idle
+    peers under the same ids; each runs once, and the daemon that had them answers for them
+    with the trajectory of the node that ran it."""
+    cluster = await start_cluster(tmp_path, nursery)
+    busy = cluster[1][0]
+    ids = await submit_here(busy, sleep_task(run_s=0.3), 12)
+    async with AsyncClient(busy.urls[0], token="fedtok") as c:
+        with trio.fail_after(30):
+            trajs = await c.wait(ids)
+    assert [t.id for t in trajs] == ids
+    assert {t.status.value for t in trajs} == {"completed"}
+    ran = {n.node_id: executed(n) for n, _ in cluster}
+    assert sum(ran.values()) == 12, ran  # none ran twice
+    by_node = Counter(t.node_id for t in trajs)
+    assert by_node == {k: v for k, v in ran.items() if v}, (by_node, ran)
+    assert by_node[busy.node_id] < 12 and len(by_node) >= 2  # the idle peers took some
+    assert busy.front.stealer is not None
+    stats = busy.front.stealer.statistics()
+    assert stats["handed_over"] == 12 - ran[busy.node_id]
+    assert sum(n.front.stealer.statistics()["taken_over"] for n, _ in cluster) == stats["handed_over"]
+    thief = next(n for n, _ in cluster if n is not busy and ran[n.node_id])
+    stolen = next(t.id for t in trajs if t.node_id == thief.node_id)
+    async with AsyncClient(thief.urls[0], token="fedtok") as c:  # it has it under the same id
+        assert (await c.get(stolen)).status.value == "completed"
+    async with AsyncClient(busy.urls[0], token="fedtok") as c:  # so does the daemon that had it
+        assert (await c.get(stolen)).node_id == thief.node_id
+    for node, _ in cluster:
+        node.request_stop()
+
+
+async def test_a_thief_that_dies_loses_what_it_took_and_nobody_reruns_it(tmp_path, nursery):
+    cluster = await start_cluster(tmp_path, nursery, n=2)
+    (busy, _), (thief, thief_scope) = cluster
+    ids = await submit_here(busy, sleep_task(run_s=60), 4)
+    assert busy.front.stealer is not None and busy.forwarder is not None
+    with trio.fail_after(10):
+        while not busy.forwarder.live.jobs_on(thief.node_id):
+            await trio.sleep(0.05)
+    taken = busy.forwarder.live.jobs_on(thief.node_id)
+    thief_scope.cancel()  # the thief dies abruptly while it runs them
+    async with AsyncClient(busy.urls[0], token="fedtok") as c:
+        with trio.fail_after(30):
+            lost = await c.wait(taken)
+        assert {(t.status.value, t.error.type) for t in lost} == {("failed", "peer_lost")}
+        assert {t.node_id for t in lost} == {thief.node_id}
+        assert executed(busy) == 0  # not re-run where it came from
+        for i in ids:
+            await c.cancel(i)
+    busy.request_stop()
+
+
+async def test_a_hand_over_that_never_reached_the_thief_queues_the_rollouts_again(tmp_path, nursery):
+    """A 'thief' whose address refuses connections: the withdrawn rollouts provably never left,
+    so they are queued again where they were (same ids), and nothing is lost."""
+    from rolloutd.daemon.steal import StealRequest
+
+    [(busy, _)] = await start_cluster(tmp_path, nursery, n=1)
+    [ghost_port] = free_ports(1)  # nothing listens there
+    busy.federation.handle_gossip({"members": [{
+        "node_id": "ghost", "url": f"http://127.0.0.1:{ghost_port}", "incarnation": 1, "heartbeat": 1,
+        "capacity": {"free_slots": 8, "queued": 0, "in_flight": 0, "healthy_backends": 1,
+                     "draining": False},
+        "updated_at": 0.0, "state": "alive"}]})
+    ids = await submit_here(busy, sleep_task(run_s=60), 6)
+    with trio.fail_after(10):
+        while busy.pipeline.statistics()["queued"] != 3:  # 1 slot per stage: 3 started
+            await trio.sleep(0.05)
+    assert busy.front.stealer is not None
+    answer = await busy.front.stealer.give(StealRequest(node_id="ghost", max=8))
+    assert answer == {"moved": []}
+    stats = busy.pipeline.statistics()
+    assert (stats["queued"], stats["handed_over"]) == (3, 0)
+    assert busy.front.stealer.statistics()["taken_back"] == 2  # half the queue, rounded up
+    async with AsyncClient(busy.urls[0], token="fedtok") as c:
+        for i in ids:
+            assert (await c.get(i)).status.value in ("queued", "init", "run")
+            await c.cancel(i)
+    busy.request_stop()

@@ -1,0 +1,262 @@
+"""Work stealing between federated daemons: one with free slots takes queued rollouts from a
+busier peer, exactly once, under their ids.
+
+Every ``steal_interval_s`` a daemon with free slots and nothing queued asks the peer that
+reported the longest queue (gossip) for work: ``POST /v1/federation/steal {node_id, max}``.
+That peer (the victim) withdraws up to ``max``, and at most half its queue, of the jobs that
+would start last there, records them as forwarded to the thief, and hands them over:
+``POST /v1/federation/adopt {origin, rollouts}``; the thief queues them under the same ids.
+
+The victim keeps answering for them: its job for each ends with the thief's trajectory
+(relayed as a forwarded rollout's is), so a wait, a stream, a batch and the journal there see
+one rollout, and the front that forwarded it (if any) keeps asking the victim. The hand-over
+follows the forwarding rules (daemon/forward.py): refused, or provably never sent -> queued
+again on the victim; sent and never answered -> failed/peer_lost; the thief lost later ->
+failed/peer_lost. A job is handed over at most once (a taken-over job is not stolen again),
+so it runs in one place.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import trio
+from pydantic import BaseModel, ConfigDict, Field
+
+from rolloutd.daemon.forward import NeverSent
+from rolloutd.daemon.journal import JournalError
+from rolloutd.daemon.service import QueuedSample
+from rolloutd.daemon.trajectory import Status, Trajectory
+from rolloutd.federation import MemberState
+
+if TYPE_CHECKING:
+    from rolloutd.daemon.config import Settings
+    from rolloutd.daemon.forward import Forwarder
+    from rolloutd.daemon.jobs import Job
+    from rolloutd.daemon.journal import Journal
+    from rolloutd.daemon.pipeline import Pipeline
+    from rolloutd.daemon.service import RolloutService
+    from rolloutd.federation import Member
+
+log = logging.getLogger(__name__)
+
+STEAL_PATH = "/v1/federation/steal"
+ADOPT_PATH = "/v1/federation/adopt"
+#: The most rollouts one hand-over moves.
+MAX_STEAL = 256
+#: A steal asks, and waits for the hand-over it causes; an adopt only queues.
+STEAL_TIMEOUT = httpx.Timeout(connect=2.0, read=20.0, write=10.0, pool=5.0)
+ADOPT_TIMEOUT = httpx.Timeout(connect=2.0, read=10.0, write=10.0, pool=5.0)
+#: Bound on cancelling, at shutdown, what a thief still runs for us.
+CANCEL_TIMEOUT_S = 2.0
+
+
+class StealRequest(BaseModel):
+    """A peer with free slots asks for queued work (``POST /v1/federation/steal``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node_id: str = Field(min_length=1, max_length=200, description="The asking member.")
+    max: int = Field(ge=1, le=MAX_STEAL, description="The most rollouts it takes.")
+
+
+class AdoptRequest(BaseModel):
+    """Queued rollouts handed over by peer ``origin`` (``POST /v1/federation/adopt``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    origin: str = Field(min_length=1, max_length=200)
+    rollouts: list[QueuedSample] = Field(max_length=MAX_STEAL)
+
+
+class Stealer:
+    """Both sides of work stealing for one daemon. ``follow`` wires jobs taken over here to
+    the journal and metrics (the node's); ``run`` holds the thief loop and the tasks that
+    relay handed-over jobs' results."""
+
+    def __init__(self, *, node_id: str, settings: Settings, pipeline: Pipeline,
+                 service: RolloutService, forwarder: Forwarder, journal: Journal,
+                 follow: Callable[[list[Job]], None]) -> None:
+        self.node_id = node_id
+        self.settings = settings
+        self.pipeline = pipeline
+        self.service = service
+        self.forwarder = forwarder
+        self.journal = journal
+        self._follow = follow
+        self._nursery: trio.Nursery | None = None
+        self.taken_over = 0  # rollouts peers handed to us
+        self.handed_over = 0  # rollouts we handed to peers
+        self.taken_back = 0  # handed over, refused or never sent, queued here again
+        self.lost = 0  # handed over, then the thief was lost
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            if not self.settings.work_stealing:
+                await trio.sleep_forever()
+            while True:
+                await trio.sleep(self.settings.steal_interval_s)
+                await self._steal()
+
+    def statistics(self) -> dict[str, Any]:
+        return {"work_stealing": self.settings.work_stealing, "taken_over": self.taken_over,
+                "handed_over": self.handed_over, "taken_back": self.taken_back,
+                "handed_over_lost": self.lost}
+
+    # ---- the thief ----------------------------------------------------------------------
+
+    def _room(self) -> int:
+        """Rollouts this daemon could start now: free slots, when nothing is queued here."""
+        if self.service.draining or len(self.pipeline.intake):
+            return 0
+        return min(self.pipeline.free_capacity(), MAX_STEAL)
+
+    async def _steal(self) -> None:
+        room = self._room()
+        if room <= 0:
+            return
+        peers = [m for m in self.forwarder.federation.peers()
+                 if m.state is MemberState.ALIVE and m.capacity["queued"] > 0
+                 and not m.capacity["draining"]]
+        for victim in sorted(peers, key=lambda m: -m.capacity["queued"])[:2]:
+            try:
+                resp = await self.forwarder.client.post(
+                    victim.url + STEAL_PATH, json={"node_id": self.node_id, "max": room},
+                    timeout=STEAL_TIMEOUT)
+                moved = len(resp.json().get("moved", [])) if resp.status_code == 200 else 0
+            except (httpx.HTTPError, ValueError, AttributeError) as exc:
+                log.debug("steal from %s failed: %r", victim.node_id, exc)
+                continue
+            room = self._room()
+            if moved or room <= 0:
+                return
+
+    async def adopt(self, req: AdoptRequest) -> dict[str, Any]:
+        """Queue rollouts a peer hands over; the answer says which were taken. They are in
+        the journal before the peer hears so (as a client's rollouts are)."""
+        jobs, accepted, refused = self.service.adopt(req.rollouts, origin=req.origin)
+        if jobs:
+            self._follow(jobs)
+            try:
+                await self.journal.sync()
+            except JournalError as exc:
+                for job in jobs:
+                    self.pipeline.cancel(job)
+                return {"accepted": [], "refused": {s.id: str(exc) for s in req.rollouts}}
+        self.taken_over += len(jobs)
+        if jobs:
+            log.info("took over %d queued rollouts from %s", len(jobs), req.origin)
+        return {"accepted": accepted, "refused": refused}
+
+    # ---- the victim ---------------------------------------------------------------------
+
+    async def give(self, req: StealRequest) -> dict[str, Any]:
+        """A peer asks for work: hand over up to ``req.max`` queued rollouts, at most half
+        the queue, the ones that would start last here. Answers with the ids moved."""
+        thief = self.forwarder.federation.member(req.node_id)
+        if (not self.settings.work_stealing or self.service.draining or thief is None
+                or thief.node_id == self.node_id or thief.state is not MemberState.ALIVE):
+            return {"moved": []}
+        n = min(req.max, math.ceil(len(self.pipeline.intake) / 2))
+        jobs = self.pipeline.hand_over(n, _stealable) if n > 0 else []
+        if not jobs:
+            return {"moved": []}
+        return {"moved": await self._hand_over(thief, jobs)}
+
+    async def _hand_over(self, thief: Member, jobs: list[Job]) -> list[str]:
+        fwd = self.forwarder
+        samples = [QueuedSample.of(job) for job in jobs]
+        for job in jobs:
+            fwd.live.add(job.id, thief.node_id)
+            fwd.remember(job.id, thief.node_id)
+        body = AdoptRequest(origin=self.node_id, rollouts=samples).model_dump(mode="json")
+        try:
+            resp = await fwd.post(thief.url + ADOPT_PATH, body, limits=ADOPT_TIMEOUT)
+            answer = resp.json() if resp.status_code == 200 else {}
+            accepted = set(answer.get("accepted", []))
+        except NeverSent:
+            self._take_back(jobs)
+            return []
+        except (httpx.HTTPError, ValueError, AttributeError, TypeError) as exc:
+            # It may have taken them: they are lost, never run here as well.
+            log.warning("handing %d rollouts to %s went unanswered (%r): they are lost",
+                        len(jobs), thief.node_id, exc)
+            for job in jobs:
+                fwd.live.fail(job.id)
+                self._end(job, fwd.lose(job.id, thief.node_id, f"handed over to peer {thief.node_id}, "
+                                        "which never answered (it was not re-run elsewhere)"))
+            self.lost += len(jobs)
+            return []
+        moved = [job for job in jobs if job.id in accepted]
+        self._take_back([job for job in jobs if job.id not in accepted])
+        for job in moved:
+            job.moved_to = job.trajectory.node_id = thief.node_id
+            job.on_cancel = lambda job=job: self._cancel_remote(job)
+            if job.cancel_requested:
+                self._cancel_remote(job)
+        if moved:
+            self.handed_over += len(moved)
+            log.info("handed %d queued rollouts over to %s", len(moved), thief.node_id)
+            assert self._nursery is not None
+            self._nursery.start_soon(self._relay, thief.node_id, moved)
+        return [job.id for job in moved]
+
+    def _take_back(self, jobs: list[Job]) -> None:
+        if jobs:
+            self.forwarder.forget([job.id for job in jobs])
+            self.pipeline.take_back(jobs)
+            self.taken_back += len(jobs)
+
+    async def _relay(self, node_id: str, jobs: list[Job]) -> None:
+        """End each handed-over job with the thief's trajectory, as it finishes there."""
+        waiting = {job.id: job for job in jobs}
+        send, recv = trio.open_memory_channel[str](len(jobs))
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.forwarder.relay, node_id, list(waiting), send)
+                async with recv:
+                    async for line in recv:
+                        traj = Trajectory.model_validate_json(line)
+                        job = waiting.pop(traj.id, None)
+                        if job is not None:
+                            self._end(job, traj)
+                            if traj.status is Status.failed and traj.error and traj.error.type == "peer_lost":
+                                self.lost += 1
+        finally:
+            if waiting:  # this daemon stops: the thief need not run them any more
+                with trio.move_on_after(CANCEL_TIMEOUT_S, shield=True):
+                    async with trio.open_nursery() as nursery:
+                        for job_id in waiting:
+                            nursery.start_soon(self._delete, node_id, job_id)
+
+    def _end(self, job: Job, traj: Trajectory) -> None:
+        """Finish a handed-over job here with ``traj`` (the thief's, or peer_lost)."""
+        if job.done.is_set():
+            return
+        job.trajectory = traj.model_copy(update={"id": job.id})
+        status = traj.status if traj.status.terminal else Status.failed
+        job.finish(status, error=traj.error, usable=traj.usable)
+        timing = job.trajectory.timing
+        timing.queue_s = max(0.0, timing.total_s - timing.init_s - timing.run_s - timing.eval_s)
+
+    def _cancel_remote(self, job: Job) -> None:
+        if self._nursery is not None and job.moved_to is not None:
+            self._nursery.start_soon(self._delete, job.moved_to, job.id)
+
+    async def _delete(self, node_id: str, job_id: str) -> None:
+        try:
+            await self.forwarder.cancel(job_id)
+        except Exception as exc:
+            log.debug("could not cancel %s on %s: %r", job_id, node_id, exc)
+
+
+def _stealable(job: Job) -> bool:
+    """A job is handed over once: not one taken over here, nor a replay (it carries the
+    replayed trajectory)."""
+    return job.adopted_from is None and job.moved_to is None and job.request.replay_of is None
