@@ -305,3 +305,35 @@ async def test_a_hand_over_that_never_reached_the_thief_queues_the_rollouts_agai
             assert (await c.get(i)).status.value in ("queued", "init", "run")
             await c.cancel(i)
     busy.request_stop()
+
+
+async def test_the_stealing_routes_answer_bad_input_with_a_clear_4xx(tmp_path, nursery):
+    import httpx
+
+    [(node, _)] = await start_cluster(tmp_path, nursery, n=1)
+    alone = Node(make_settings(tmp_path / "alone", port=free_ports(1)[0]), services=Services())
+    await nursery.start(alone.run)
+    async with httpx.AsyncClient(headers={"Authorization": "Bearer fedtok"}) as http:
+        url = node.urls[0]
+        for path, body in [("steal", {"node_id": "x"}), ("steal", {"node_id": "x", "max": 0}),
+                           ("adopt", {"origin": "x", "rollouts": [{"id": "r-1"}]}),
+                           ("adopt", {"origin": "x", "rollouts": "no"})]:
+            resp = await http.post(f"{url}/v1/federation/{path}", json=body)
+            assert resp.status_code in (400, 422), (path, body, resp.status_code)
+            assert resp.json()["error"]["message"]
+        resp = await http.post(f"{url}/v1/federation/steal", json={"node_id": "stranger", "max": 3})
+        assert resp.json() == {"moved": []}  # not a member: nothing moves
+        # X-Rolloutd-Ids is honoured on a forwarded request only, and must be well formed
+        resp = await http.post(f"{url}/v1/rollouts", json={"task": sleep_task(run_s=0), "n": 2},
+                               headers={"X-Rolloutd-Forwarded": "1", "X-Rolloutd-Ids": "a,a"})
+        assert resp.status_code == 400 and "repeats" in resp.json()["error"]["message"]
+        resp = await http.post(f"{url}/v1/rollouts", json={"task": sleep_task(run_s=0), "n": 2},
+                               headers={"X-Rolloutd-Forwarded": "1", "X-Rolloutd-Ids": "r-a1"})
+        assert resp.status_code == 422 and "n=2" in resp.json()["error"]["message"]
+        resp = await http.post(f"{url}/v1/rollouts", json={"task": sleep_task(run_s=0), "n": 1},
+                               headers={"X-Rolloutd-Ids": "r-mine"})
+        assert resp.status_code == 202 and resp.json()["ids"] != ["r-mine"]  # a client's: ignored
+        resp = await http.post(f"{alone.urls[0]}/v1/federation/steal", json={"node_id": "x", "max": 1})
+        assert resp.status_code == 404
+    node.request_stop()
+    alone.request_stop()
