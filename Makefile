@@ -57,7 +57,7 @@ lint: $(VENV)/.dev
 	$(BIN)/mypy
 
 test: lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25
 
 bench: $(VENV)/.bench
 	@for b in bench/[!_]*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
