@@ -108,7 +108,7 @@ class Forwarder:
         with trio.CancelScope() as scope:  # on_dead cancels it: the peer will never answer
             self._open.setdefault(node_id, set()).add(scope)
             try:
-                resp = await self.post(url, body, headers=ids_headers(ids))
+                resp = await self.post(url, body, headers=ids_headers(ids, self.federation.node_id))
             except NeverSent as exc:
                 self.forget(ids)
                 raise PeerUnavailable(f"{node_id}: {exc}") from None
@@ -343,5 +343,5 @@ class Forwarder:
     def _member_of(self, job_id: str) -> Member:
         node_id = self._where.get(job_id)
         if node_id is None:
-            raise KeyError(job_id)
+            raise PeerUnavailable(f"no peer is known to hold {job_id} any more")
         return self._member(node_id)

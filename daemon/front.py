@@ -26,7 +26,7 @@ from rolloutd.daemon.journal import Journal, JournalError
 from rolloutd.daemon.sampling import Sampler
 from rolloutd.daemon.service import RolloutRequest, RolloutService, Submitted
 from rolloutd.daemon.trajectory import Trajectory
-from rolloutd.federation import forwarded_ids, is_forwarded
+from rolloutd.federation import forwarded_ids, forwarded_origin, is_forwarded
 
 if TYPE_CHECKING:
     from rolloutd.daemon.llm.chat import ChatRenderer
@@ -112,13 +112,17 @@ class Front:
         forwarded = await self._maybe_forward(body, req.n, wait=wait, headers=headers)
         if forwarded is not None:
             return forwarded
-        ids = None
+        ids = origin = None
         if is_forwarded(headers):
             try:
                 ids = forwarded_ids(headers)
             except ValueError as exc:
                 raise BadRequest(str(exc)) from None
+            origin = forwarded_origin(headers)
         sub = await self.accept(req, ids=ids)
+        if origin is not None and not sub.replayed:
+            for job in sub.jobs:
+                job.forwarded_from = origin
         if wait:
             await self.service.wait(sub.jobs)
         return sub

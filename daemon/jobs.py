@@ -113,6 +113,8 @@ class Job:
         #: job ends with the peer's trajectory), and the peer a job taken over here came from.
         self.moved_to: str | None = None
         self.adopted_from: str | None = None
+        #: The member that forwarded this job here (it never steals the job back).
+        self.forwarded_from: str | None = None
         #: Called by ``cancel`` while the job runs elsewhere (the hand-over relays it).
         self.on_cancel: Callable[[], None] | None = None
         self.done = trio.Event()

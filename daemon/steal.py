@@ -164,7 +164,7 @@ class Stealer:
                 or thief.node_id == self.node_id or thief.state is not MemberState.ALIVE):
             return {"moved": []}
         n = min(req.max, math.ceil(len(self.pipeline.intake) / 2))
-        jobs = self.pipeline.hand_over(n, _stealable) if n > 0 else []
+        jobs = self.pipeline.hand_over(n, lambda job: _stealable(job, thief.node_id)) if n > 0 else []
         if not jobs:
             return {"moved": []}
         return {"moved": await self._hand_over(thief, jobs)}
@@ -256,7 +256,9 @@ class Stealer:
             log.debug("could not cancel %s on %s: %r", job_id, node_id, exc)
 
 
-def _stealable(job: Job) -> bool:
+def _stealable(job: Job, thief: str) -> bool:
     """A job is handed over once: not one taken over here, nor a replay (it carries the
-    replayed trajectory)."""
-    return job.adopted_from is None and job.moved_to is None and job.request.replay_of is None
+    replayed trajectory), nor one back to the member that forwarded it here (that member
+    answers for it by asking us: it would end up asking itself)."""
+    return (job.adopted_from is None and job.moved_to is None and job.request.replay_of is None
+            and job.forwarded_from != thief)

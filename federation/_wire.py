@@ -21,6 +21,9 @@ IDS_HEADER: Final = "X-Rolloutd-Ids"
 """On a forwarded rollout: the ids its samples get (comma-separated), chosen by the sender, so
 that it can answer for them whatever becomes of the request (the peer honours them)."""
 MAX_FORWARDED_IDS: Final = 10_000
+ORIGIN_HEADER: Final = "X-Rolloutd-Origin"
+"""On a forwarded rollout: the node id of the member that forwarded it (it never takes the
+rollout back by work stealing: it would then relay it from the peer that relays it from it)."""
 PROTOCOL_VERSION: Final = 1
 MAX_PAYLOAD_MEMBERS: Final = 10_000
 STATES: Final = ("alive", "suspect", "dead", "left")
@@ -149,9 +152,19 @@ def is_forwarded(headers: Mapping[str, str]) -> bool:
     return headers.get(FORWARDED_HEADER) == FORWARDED_VALUE
 
 
-def ids_headers(ids: Sequence[str]) -> dict[str, str]:
-    """The header that hands a peer the ids of the samples it is sent."""
-    return {IDS_HEADER: ",".join(ids)}
+def ids_headers(ids: Sequence[str], origin: str | None = None) -> dict[str, str]:
+    """The headers that hand a peer the ids of the samples it is sent (and who sends them)."""
+    headers = {IDS_HEADER: ",".join(ids)}
+    if origin is not None:
+        headers[ORIGIN_HEADER] = origin
+    return headers
+
+
+def forwarded_origin(headers: Mapping[str, str]) -> str | None:
+    """The member that forwarded a request (`ORIGIN_HEADER`), looked up case-insensitively."""
+    wanted = ORIGIN_HEADER.lower()
+    raw = next((v for k, v in headers.items() if k.lower() == wanted), None)
+    return raw[:200] if raw else None
 
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")

@@ -337,3 +337,24 @@ async def test_the_stealing_routes_answer_bad_input_with_a_clear_4xx(tmp_path, n
         assert resp.status_code == 404
     node.request_stop()
     alone.request_stop()
+
+
+async def test_a_front_never_steals_back_what_it_forwarded(tmp_path, nursery):
+    """The front forwards what it has no room for; when it is idle first it must not take
+    those rollouts back (it would relay them from the peer that relays them from it: the
+    bench's stream through the front never ended). Everything ends, through a stream."""
+    cluster = await start_cluster(tmp_path, nursery, n=2)
+    (front, _), (peer, _) = cluster
+    async with AsyncClient(front.urls[0], token="fedtok") as c:
+        ids = []
+        for run_s in (0.1, 0.1, 0.1, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6):
+            ids += (await c.submit(sleep_task(run_s=run_s))).ids
+        assert front.forwarder is not None and front.forwarder.forwarded_total > 0
+        with trio.fail_after(30):
+            trajs = [t async for t in c.stream(ids)]
+    assert sorted(t.id for t in trajs) == sorted(ids)
+    assert {t.status.value for t in trajs} == {"completed"}
+    assert front.front.stealer is not None and front.front.stealer.statistics()["taken_over"] == 0
+    assert executed(front) + executed(peer) == 9
+    for node, _ in cluster:
+        node.request_stop()
