@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 #: Connect quickly (a dead peer should not stall a submit); reads last as long as a rollout.
 TIMEOUT = httpx.Timeout(connect=3.0, read=None, write=30.0, pool=10.0)
 POLL_INTERVAL_S = 1.0
+#: While a peer's stream is open, results still missing are looked up this often.
+SWEEP_S = 5.0
+SWEEP_MAX = 16
 #: A lookup or cancel relayed to a peer: a partitioned peer answers 503 rather than hang.
 LOOKUP_TIMEOUT = httpx.Timeout(connect=3.0, read=10.0, write=10.0, pool=10.0)
 
@@ -242,9 +245,18 @@ class Forwarder:
         return PeerAnswer(resp.status_code, resp.json())
 
     async def relay(self, node_id: str, ids: Sequence[str], send: trio.MemorySendChannel[str]) -> None:
-        """Push the trajectories of ``ids`` (all on one peer) into ``send`` as they finish."""
+        """Push the trajectories of ``ids`` (all on one peer) into ``send`` as they finish.
+
+        The peer's stream delivers them; meanwhile every ``SWEEP_S`` the ``SWEEP_MAX`` that
+        waited longest are looked up one by one, so a result the stream misses (a relay chain through a
+        peer that handed the rollout on) still arrives. Once the stream breaks off, they are
+        looked up every ``POLL_INTERVAL_S`` until each is finished or declared lost."""
         todo = list(ids)
-        async with send:
+        gone = False
+        broke = trio.Event()
+
+        async def stream() -> None:
+            nonlocal gone
             try:
                 with trio.CancelScope() as scope:  # on_dead ends it: then poll (lost records)
                     self._open.setdefault(node_id, set()).add(scope)
@@ -255,22 +267,31 @@ class Forwarder:
             except (httpx.HTTPError, PeerUnavailable, ValueError, KeyError):
                 pass
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return  # the consumer went away
-            # The stream broke off: poll until each rollout is finished or declared lost.
-            while todo:
-                for job_id in list(todo):
+                gone = True  # the consumer went away
+            broke.set()
+
+        async with send, trio.open_nursery() as nursery:
+            nursery.start_soon(stream)
+            while todo and not gone:
+                if broke.is_set():
+                    await trio.sleep(POLL_INTERVAL_S)
+                else:
+                    with trio.move_on_after(SWEEP_S):
+                        await broke.wait()
+                # While the stream is open, a bounded sweep of the longest-waiting ones.
+                for job_id in list(todo) if broke.is_set() else todo[:SWEEP_MAX]:
                     try:
                         data = await self.get(job_id)
                     except PeerUnavailable:
                         continue
-                    if Status(data["status"]).terminal:
+                    if Status(data["status"]).terminal and job_id in todo:
                         todo.remove(job_id)
                         try:
                             send.send_nowait(json.dumps(data))
                         except (trio.BrokenResourceError, trio.ClosedResourceError):
-                            return
-                if todo:
-                    await trio.sleep(POLL_INTERVAL_S)
+                            gone = True
+                            break
+            nursery.cancel_scope.cancel()
 
     async def _stream(self, node_id: str, todo: list[str], send: trio.MemorySendChannel[str]) -> None:
         member = self._member(node_id)
@@ -279,6 +300,8 @@ class Forwarder:
             async for line in resp.aiter_lines():
                 if line.strip():
                     job_id = json.loads(line)["id"]
+                    if job_id not in todo:  # a lookup delivered it already
+                        continue
                     if job_id in self._lost:  # declared lost first: that answer stands
                         line = self._lost[job_id].model_dump_json()
                     self.live.discard(job_id)

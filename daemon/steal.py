@@ -167,13 +167,22 @@ class Stealer:
         jobs = self.pipeline.hand_over(n, lambda job: _stealable(job, thief.node_id)) if n > 0 else []
         if not jobs:
             return {"moved": []}
-        return {"moved": await self._hand_over(thief, jobs)}
+        # Shielded (bounded by ADOPT_TIMEOUT, twice): a thief that stops waiting for this
+        # answer must not leave the withdrawn rollouts neither queued here nor handed over.
+        with trio.CancelScope(shield=True):
+            moved = await self._hand_over(thief, jobs)
+        return {"moved": moved}
 
     async def _hand_over(self, thief: Member, jobs: list[Job]) -> list[str]:
         fwd = self.forwarder
-        samples = [QueuedSample.of(job) for job in jobs]
+        try:
+            samples = [QueuedSample.of(job) for job in jobs]
+        except Exception:
+            self.pipeline.take_back(jobs)  # a job we cannot describe stays here
+            raise
         for job in jobs:
-            fwd.live.add(job.id, thief.node_id)
+            if job.id not in fwd.live:
+                fwd.live.add(job.id, thief.node_id)
             fwd.remember(job.id, thief.node_id)
         body = AdoptRequest(origin=self.node_id, rollouts=samples).model_dump(mode="json")
         try:

@@ -27,6 +27,7 @@ class Peer:
         self.requests: list[bytes] = []
         self.port = 0
         self.gate: trio.Event | None = None  # when set: answers wait for it
+        self.hang_streams = False  # a stream request gets no answer
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -43,7 +44,7 @@ class Peer:
                     return
                 data += chunk
             self.requests.append(data)
-            if self.mode == "hang":
+            if self.mode == "hang" or (self.hang_streams and b"/v1/rollouts/stream" in data):
                 await trio.sleep_forever()
             if self.mode == "answer":
                 if self.gate is not None:
@@ -192,3 +193,34 @@ async def test_a_peer_answer_that_arrives_after_the_peer_was_declared_dead_does_
             await trio.sleep(0.01)
     assert answers[0]["status"] == "failed" and answers[0]["error"]["type"] == "peer_lost"
     assert (await fwd.get(job_id))["error"]["type"] == "peer_lost"
+
+
+async def test_a_result_the_peers_stream_never_delivers_still_arrives_by_lookup(nursery):
+    """A relay chain can miss a result (the peer handed the rollout on): while the stream
+    stays open and silent, the missing ids are looked up every SWEEP_S."""
+    from rolloutd.daemon import forward
+
+    fwd = await forwarder(nursery)
+    peer = Peer("answer", 202, {"group_id": "g-1", "ids": []})
+    await nursery.start(peer.serve)
+    record = peer.member.record()
+    record["incarnation"] = record["heartbeat"] = 1
+    fwd.federation.handle_gossip({"members": [record]})
+    await fwd.submit(peer.member, BODY, 2, wait=False)
+    ids = fwd.live.jobs_on("peer")
+    peer.hang_streams = True
+    send, recv = trio.open_memory_channel[str](2)
+    lines = []
+
+    async def consume() -> None:
+        async with recv:
+            async for line in recv:
+                lines.append(json.loads(line))
+
+    peer.status, peer.body = 200, {"id": ids[0], "status": "completed"}  # every lookup's answer
+    nursery.start_soon(fwd.relay, "peer", ids[:1], send)
+    nursery.start_soon(consume)
+    with trio.fail_after(forward.SWEEP_S + 5):
+        while not lines:
+            await trio.sleep(0.05)
+    assert lines == [{"id": ids[0], "status": "completed"}]
