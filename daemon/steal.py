@@ -180,10 +180,6 @@ class Stealer:
         except Exception:
             self.pipeline.take_back(jobs)  # a job we cannot describe stays here
             raise
-        for job in jobs:
-            if job.id not in fwd.live:
-                fwd.live.add(job.id, thief.node_id)
-            fwd.remember(job.id, thief.node_id)
         body = AdoptRequest(origin=self.node_id, rollouts=samples).model_dump(mode="json")
         try:
             resp = await fwd.post(thief.url + ADOPT_PATH, body, limits=ADOPT_TIMEOUT)
@@ -197,7 +193,8 @@ class Stealer:
             log.warning("handing %d rollouts to %s went unanswered (%r): they are lost",
                         len(jobs), thief.node_id, exc)
             for job in jobs:
-                fwd.live.fail(job.id)
+                fwd.live.add(job.id, thief.node_id)
+                fwd.live.fail(job.id)  # an orphan there: cancelled if it comes back
                 self._end(job, fwd.lose(job.id, thief.node_id, f"handed over to peer {thief.node_id}, "
                                         "which never answered (it was not re-run elsewhere)"))
             self.lost += len(jobs)
@@ -205,6 +202,10 @@ class Stealer:
         moved = [job for job in jobs if job.id in accepted]
         self._take_back([job for job in jobs if job.id not in accepted])
         for job in moved:
+            # Only now is the thief asked about them: before it took them, it would answer
+            # 404 (which means "never reached it": peer_lost).
+            fwd.live.add(job.id, thief.node_id)
+            fwd.remember(job.id, thief.node_id)
             job.moved_to = job.trajectory.node_id = thief.node_id
             job.on_cancel = lambda job=job: self._cancel_remote(job)
             if job.cancel_requested:
@@ -218,7 +219,6 @@ class Stealer:
 
     def _take_back(self, jobs: list[Job]) -> None:
         if jobs:
-            self.forwarder.forget([job.id for job in jobs])
             self.pipeline.take_back(jobs)
             self.taken_back += len(jobs)
 
