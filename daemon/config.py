@@ -132,8 +132,9 @@ class Settings(BaseModel):
     dead_after_s: float = _GOSSIP.dead_after_s
     request_timeout_s: float = _GOSSIP.request_timeout_s
     #: Work stealing: a daemon with free slots and nothing queued takes queued rollouts from
-    #: the busiest peer (daemon/steal.py), checking every steal_interval_s.
-    work_stealing: bool = True
+    #: the busiest peer (daemon/steal.py), checking every steal_interval_s. Off by default:
+    #: bench/federation.py measured it slower on short bursts (docs/federation.md).
+    work_stealing: bool = False
     steal_interval_s: float = Field(0.2, gt=0, le=60)
 
     @field_validator("sandbox_tmpfs_mb")

@@ -87,9 +87,9 @@ def test_every_documented_federation_setting_is_accepted(tmp_path: Path, repo_ro
     table = (repo_root / "docs" / "federation.md").read_text().split("## Settings", 1)[1]
     documented = [line.split("`")[1] for line in table.splitlines() if line.startswith("| `")]
     assert set(documented) == {*GOSSIP_KEYS, "work_stealing", "steal_interval_s"}
-    off = load_settings(environ={"ROLLOUTD_WORK_STEALING": "false", "ROLLOUTD_STEAL_INTERVAL_S": "0.5"})
-    assert (off.work_stealing, off.steal_interval_s) == (False, 0.5)
-    assert load_settings(environ={}).work_stealing is True
+    on = load_settings(environ={"ROLLOUTD_WORK_STEALING": "true", "ROLLOUTD_STEAL_INTERVAL_S": "0.5"})
+    assert (on.work_stealing, on.steal_interval_s) == (True, 0.5)
+    assert load_settings(environ={}).work_stealing is False
     cfg = tmp_path / "fed.toml"
     cfg.write_text("gossip_interval_s = 0.5\nfanout = 5\nsuspect_after_s = 3\ndead_after_s = 9\n")
     s = load_settings(cfg, environ={"ROLLOUTD_REQUEST_TIMEOUT_S": "0.75"})

@@ -34,7 +34,7 @@ async def start_cluster(tmp_path, nursery, n: int = 3) -> list[tuple[Node, trio.
     for i, port in enumerate(ports):
         settings = make_settings(
             tmp_path / f"n{i}", port=port, node_id=f"node{i}", url=urls[i], seeds=urls, token="fedtok",
-            n_init=1, n_run=1, n_eval=1, gossip_interval_s=0.1,
+            n_init=1, n_run=1, n_eval=1, gossip_interval_s=0.1, work_stealing=True,
         )
         # Placement only sends work to peers with a healthy LLM backend: give each one.
         pool = BackendPool(health_interval_s=0.5)

@@ -109,6 +109,7 @@ dead_after_s = {DEAD_AFTER_S}
 health_interval_s = 1.0
 drain_timeout_s = 10
 log_level = "info"
+work_stealing = true
 
 [[backends]]
 kind = "scripted"          # TEST DOUBLE: the policy of every rollout
