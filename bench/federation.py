@@ -1,49 +1,85 @@
-"""Federation scaling: rollouts per second with 1, 2, 4 and 8 rolloutd daemons, one front.
+"""Federation scaling on the real agent path, each daemon on its own CPU budget.
 
-Each daemon is a separate `rolloutd serve` process. As root with `ip netns`, each one runs in
-its own network namespace with its own address (10.231.0.<i+1> on a veth pair to a bridge
-that holds the benchmark client's 10.231.0.254), like one daemon per node; otherwise all of
-them listen on loopback ports (`--net loopback` forces that). They federate through their
-seeds; every submit goes to daemon 0, the front, which runs the rollout or forwards it.
+Every daemon is a separate `rolloutd serve` process with bwrap sandboxes. As root with
+`ip netns`, each one runs in its own network namespace with its own address (10.231.0.<i+1>
+on a veth pair to a bridge that holds the benchmark client's 10.231.0.254; entered with
+`nsenter --net`, so the daemon still sees /sys/fs/cgroup), like one daemon per node;
+otherwise all of them listen on loopback ports (`--net loopback` forces that). They federate
+through their seeds. Every rollout is submitted to one daemon, the front, which runs it or
+forwards it, and every result is streamed back through the front. The daemons run with
+their default settings (gossip, placement; work stealing is off by default) but for the
+slots, the backend and the sandboxes; ``--stealing on|off`` writes ``work_stealing`` (only
+where the daemon has that setting) and ``--gossip-interval-s`` sets the gossip interval.
 
-Workload (I/O-bound): the labelled `sleep` test task. INIT sleeps 50 ms (standing in for a
-sandbox start), RUN sleeps 0.5-1.5 s (uniform, seeded; standing in for the agent loop: LLM
-turns at a fixed latency and sleep tools), EVAL sleeps 50 ms. We use this task instead of
-the agent loop with the scripted backend and a real tool. The agent path costs CPU for each
-rollout: tokenizing and rendering, and a tool process in a local sandbox. On a 2-core
-machine, that cost would cap throughput before federation matters. Each daemon has
-n_init=2, n_run=8 and n_eval=2 workers, so the 8 RUN slots limit it to about 8 rollouts/s.
-Each daemon also has a scripted LLM backend (a test double the sleep task never calls),
-because placement only forwards to peers that report a healthy backend.
+Workload: each rollout is a ``code`` task on the real agent path. INIT starts a bwrap
+sandbox. RUN is the agent loop: the LLM backend is the *scripted* backend, a TEST DOUBLE,
+not a model; it answers every turn after a fixed latency (``--latency-s``, 0.4 s), and its
+replies make the agent call the bash tool twice (write ``solution.py``, then run it on a
+sample input) and then call ``finish``. Every reply is tokenized and rendered as with a
+model. EVAL copies the solution into a fresh bwrap sandbox and runs it against the task's
+three stdin/stdout tests. Every rollout must end ``completed`` with reward 1; one that does
+not, or whose result has not arrived ``--burst-timeout-s`` after the burst began, is counted
+and shown in red, and the numbers include it (it is never left out).
 
-For each size N, the front gets N x --per-daemon rollouts in one burst, from 16 concurrent
-submitters, and more than all daemons can hold, so every daemon's queue stays full. Each
-chunk of 64 results is streamed back through the front as soon as the chunk is submitted.
-rps_N is the number of rollouts divided by the time from the first submit to the last
-result (what a trainer waiting for its batch sees). eff_N = rps_N / (N * rps_1). The table
-also shows the steady rate: the middle half of the results over their time span, which
-leaves out the ramp and the tail. Targets: eff_4 >= 0.9, eff_8 >= 0.85.
+CPU budgets: each daemon runs in its own cgroup (v1: the cpu and cpuacct hierarchies,
+``cpu.cfs_quota_us``; v2: ``cpu.max``), ``rolloutd-bench/d<i>`` below the benchmark's own.
+Its sandboxes and tool processes are its children, so their CPU counts against its budget.
+Daemons start without a limit (Python start-up under 0.2 core is slow) and warm up (one
+rollout per RUN slot); the quota goes on for the measured burst only. The budget is
+``--budget`` cores per daemon (0.2: 8 daemons take 1.6 of the 2 cores; the rest is left to
+the benchmark client and the kernel). Per-daemon CPU is the cgroup's usage over the burst
+(``cpuacct.usage`` or ``cpu.stat``), sandboxes and tools included. Before each burst every
+daemon sits idle under its budget for 3 s: what membership alone (gossip, health checks)
+costs it. Each burst also records the CPU the rest of the machine used meanwhile ("other
+load": this VM is shared) and the hypervisor's steal.
 
-    sudo .venv/bin/python bench/federation.py            # about 2.5 minutes on 2 cores
+1. Saturation: ONE daemon with one budget, for each RUN slot count in ``--sweep`` (n_init
+   and n_eval = ceil(n_run / 2)), on a burst of ``--per-daemon`` rollouts. These daemons
+   start together (a daemon's start-up costs ~18 CPU-seconds) and are measured one after
+   another. The chosen slot count is the smallest whose throughput is within ``--knee``
+   (5%) of the sweep's best: where throughput stops rising.
+2. Scaling: N = 1, 2, 4, 8 daemons (``--sizes``), each with one budget and the chosen
+   slots. The sweep's daemon with the chosen slots is the front of every size, and its
+   sweep run is N = 1; each larger size adds daemons seeded with the federation (how an
+   operator adds capacity), which also saves their start-up. The front gets N x
+   ``--per-daemon`` rollouts in one burst (16 concurrent submitters, streamed back in chunks
+   of 64). eff_N = rps_N / (N x rps_1).
+3. Control: the federation is stopped; ONE fresh daemon with 8 budgets (8 x ``--budget``
+   cores) and 8 x the slots of each stage gets the same burst as N = 8.
+   vs_control_8 = rps_8 / rps_control.
 
-Ends with: RESULT rps_1=F rps_2=F rps_4=F rps_8=F eff_2=F eff_4=F eff_8=F
+rollouts/s: rollouts / (first submit to last result), what a trainer waiting for its batch
+sees. Latency: from the client's submit to the result's arrival in its stream (p50, p99).
+Per-daemon work: the rollouts each daemon ran, from each trajectory's ``node_id`` (the
+daemon that ran it), else (a result without it) from the daemons' GET /v1/status eval
+counts; the table says which. tail_ratio_8 = busiest / mean of the 8 daemons' work.
+Targets: eff_8 >= 0.9, vs_control_8 >= 0.95, tail_ratio_8 <= 1.15.
+
+    sudo .venv/bin/python bench/federation.py      # about 8 minutes on this 2-core VM
+    sudo .venv/bin/python bench/federation.py --sizes 1,2 --sweep 1,2 --per-daemon 6  # 3 min
+
+Needs root (cgroups; network namespaces). Removes its cgroups, namespaces and processes at
+the end, also on Ctrl-C or SIGTERM (daemon logs are kept when a daemon did not exit 0).
+Ends with: RESULT eff_2=F eff_4=F eff_8=F vs_control_8=F tail_ratio_8=F (nan: not measured)
 """
-
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import errno
 import json
+import math
 import os
-import random
 import secrets
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,35 +89,295 @@ from rich.console import Console
 from rich.table import Table
 
 ROLLOUTD = Path(sys.executable).with_name("rolloutd")
-N_INIT, N_RUN, N_EVAL = 2, 8, 2
-INIT_S, EVAL_S = 0.05, 0.05
-RUN_S = (0.5, 1.5)
 SUBMITTERS = 16
 STREAM_CHUNK = 64
-GOSSIP_INTERVAL_S = 0.5
 NS_PREFIX = "rolloutd-bench-"
 BRIDGE = "rdbench0"
 SUBNET = "10.231.0"
 CLIENT_ADDR = f"{SUBNET}.254"
 PORT = 8400
+CGROUP_FS = Path("/sys/fs/cgroup")
+CGROUP_NAME = "rolloutd-bench"
+CFS_PERIOD_US = 100_000
 
-CONFIG = f"""\
-# rolloutd settings for bench/federation.py
-sandbox_backend = "local"
-n_init = {N_INIT}
-n_run = {N_RUN}
-n_eval = {N_EVAL}
-queue_size = 8192
-gossip_interval_s = {GOSSIP_INTERVAL_S}
-log_level = "warning"
+console = Console(width=220)
 
-[[backends]]
-kind = "scripted"          # TEST DOUBLE: sleep tasks never call it
-replies = ["unused"]
-latency_s = 0.3
-"""
 
-console = Console(width=200)
+# ---- the workload -------------------------------------------------------------------------
+
+
+def tool_call(name: str, **arguments: Any) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+SOLUTION = "print(sum(map(int, input().split())))"
+#: The scripted backend's replies (TEST DOUBLE), one per turn: write the solution with bash,
+#: run it with bash, then finish.
+REPLIES = [
+    "I will write the program.\n" + tool_call("bash", command=f"printf '%s\\n' '{SOLUTION}' > solution.py && cat solution.py"),
+    "Let me test it.\n" + tool_call("bash", command="echo '2 40' | python3 solution.py"),
+    "It prints 42.\n" + tool_call("finish", answer="solution.py reads two integers and prints their sum."),
+]
+TASK: dict[str, Any] = {
+    "kind": "code", "prompt": "Read two integers from one line of stdin and print their sum.",
+    "tests": [{"stdin": "1 2\n", "stdout": "3\n"}, {"stdin": "-5 5\n", "stdout": "0\n"},
+              {"stdin": "100 23\n", "stdout": "123\n"}],
+    "tools": ["bash", "finish"],
+}
+
+
+def stage_slots(n_run: int, scale: int = 1) -> tuple[int, int, int]:
+    """(n_init, n_run, n_eval) of a daemon with ``n_run`` RUN slots, times ``scale``."""
+    side = max(1, math.ceil(n_run / 2))
+    return side * scale, n_run * scale, side * scale
+
+
+def daemon_config(slots: tuple[int, int, int], latency_s: float, stealing: bool | None,
+                  gossip_interval_s: float | None) -> str:
+    """The daemons' TOML; settings not named here keep the daemon's defaults."""
+    n_init, n_run, n_eval = slots
+    lines = [
+        "# rolloutd settings for bench/federation.py",
+        'sandbox_backend = "bwrap"',
+        f"n_init = {n_init}",
+        f"n_run = {n_run}",
+        f"n_eval = {n_eval}",
+        "queue_size = 8192",
+        'log_level = "warning"',
+    ]
+    if gossip_interval_s is not None:
+        lines.append(f"gossip_interval_s = {gossip_interval_s}")
+    if stealing is not None:
+        lines.append(f"work_stealing = {'true' if stealing else 'false'}")
+    lines += [
+        "",
+        "[[backends]]",
+        'kind = "scripted"          # TEST DOUBLE: replays REPLIES, not a model',
+        f"replies = [{', '.join(json.dumps(r) for r in REPLIES)}]",
+        f"latency_s = {latency_s}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def gossip_interval() -> float:
+    """The daemons' gossip interval: --gossip-interval-s, else the daemon's default."""
+    from rolloutd.federation import GossipSettings
+
+    return GOSSIP_INTERVAL_S or GossipSettings().gossip_interval_s
+
+
+#: --gossip-interval-s (None: the daemon's default)
+GOSSIP_INTERVAL_S: float | None = None
+IDLE_S = 3.0
+
+
+STEALING_TEXT = {None: "the daemons' default (off)", True: "on", False: "off"}
+
+
+def stealing_setting_exists() -> bool:
+    from rolloutd.daemon.config import Settings
+
+    return "work_stealing" in Settings.model_fields
+
+
+# ---- CPU budgets: one cgroup per daemon ----------------------------------------------------
+
+
+def _write(path: Path, value: str) -> None:
+    path.write_text(value)
+
+
+def _own_cgroups() -> dict[str, str]:
+    found: dict[str, str] = {}
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            for name in controllers.split(",") if controllers else [""]:
+                found[name] = path
+    return found
+
+
+class Budgets:
+    """``<hierarchy>/<own cgroup>/rolloutd-bench/d<i>``: a CPU quota and CPU usage per daemon.
+
+    cgroup v1: the cpu hierarchy (cfs quota) and the cpuacct one (usage), the same dir when
+    they are mounted together. cgroup v2: one dir (cpu.max, cpu.stat).
+    """
+
+    def __init__(self) -> None:
+        own = _own_cgroups()
+        self.version = 0
+        self.roots: list[Path] = []  # every rolloutd-bench dir (one per hierarchy)
+        self.cpu_root = self.acct_root = Path()
+        if (CGROUP_FS / "cgroup.controllers").exists():  # unified: v2 only
+            base = CGROUP_FS / own.get("", "/").lstrip("/")
+            if "cpu" not in (base / "cgroup.controllers").read_text().split():
+                raise SystemExit(f"cgroup v2: the cpu controller is not available in {base}")
+            self.version = 2
+            self.cpu_root = self.acct_root = base / CGROUP_NAME
+            self.roots = [self.cpu_root]
+            return
+        hiers = [h for h in CGROUP_FS.iterdir() if h.is_dir()] if CGROUP_FS.is_dir() else []
+        cpu = next((h for h in hiers if "cpu" in h.name.split(",")), None)
+        acct = next((h for h in hiers if "cpuacct" in h.name.split(",")), None)
+        if cpu is None or acct is None or not (cpu / "cpu.cfs_quota_us").exists():
+            raise SystemExit("no cgroup v1 cpu and cpuacct hierarchies nor a cgroup v2 cpu "
+                             "controller under /sys/fs/cgroup: this benchmark needs CPU quotas")
+        self.version = 1
+        self.cpu_root = cpu / own.get("cpu", "/").lstrip("/") / CGROUP_NAME
+        self.acct_root = acct / own.get("cpuacct", "/").lstrip("/") / CGROUP_NAME
+        self.roots = list(dict.fromkeys([self.cpu_root, self.acct_root]))
+
+    def describe(self) -> str:
+        if self.version == 2:
+            return f"cgroup v2, cpu.max in {self.cpu_root}/d<i>"
+        return f"cgroup v1, cpu.cfs_quota_us in {self.cpu_root}/d<i>, cpuacct.usage in {self.acct_root}/d<i>"
+
+    def dirs(self, i: int) -> list[Path]:
+        return [root / f"d{i}" for root in self.roots]
+
+    def make(self, n: int) -> None:
+        """Fresh cgroups d0..d<n-1>, without a limit."""
+        self.cleanup()
+        try:
+            for root in self.roots:
+                root.mkdir(exist_ok=True)
+            if self.version == 2:
+                _write(self.cpu_root.parent / "cgroup.subtree_control", "+cpu")
+                _write(self.cpu_root / "cgroup.subtree_control", "+cpu")
+            for i in range(n):
+                for d in self.dirs(i):
+                    d.mkdir()
+        except OSError as exc:
+            raise SystemExit(f"cannot create the benchmark's cgroups ({exc}); run it as root") from None
+        for i in range(n):
+            self.set_cores(i, None)
+
+    def enter_argv(self, i: int) -> list[str]:
+        """argv prefix: move the process into daemon i's cgroups, then exec the rest."""
+        script = " && ".join(f"echo $$ > {d / 'cgroup.procs'}" for d in self.dirs(i))
+        return ["/bin/sh", "-c", script + ' && exec "$@"', "sh"]
+
+    def set_cores(self, i: int, cores: float | None) -> None:
+        d = self.cpu_root / f"d{i}"
+        if self.version == 2:
+            quota = "max" if cores is None else str(int(cores * CFS_PERIOD_US))
+            _write(d / "cpu.max", f"{quota} {CFS_PERIOD_US}")
+            return
+        _write(d / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+        _write(d / "cpu.cfs_quota_us", "-1" if cores is None else str(int(cores * CFS_PERIOD_US)))
+
+    def usage_s(self, i: int) -> float:
+        """CPU seconds used by daemon i's cgroup (its sandboxes and tools included)."""
+        if self.version == 2:
+            return _stat(self.cpu_root / f"d{i}" / "cpu.stat").get("usage_usec", 0) / 1e6
+        return int((self.acct_root / f"d{i}" / "cpuacct.usage").read_text()) / 1e9
+
+    def total_usage_s(self) -> float:
+        """CPU seconds used by every daemon of the benchmark (all cgroups below the root)."""
+        if self.version == 2:
+            return _stat(self.cpu_root / "cpu.stat").get("usage_usec", 0) / 1e6
+        return int((self.acct_root / "cpuacct.usage").read_text()) / 1e9
+
+    def throttled_s(self, i: int) -> float:
+        """Time daemon i's cgroup spent throttled (its quota used up), summed over CPUs."""
+        st = _stat(self.cpu_root / f"d{i}" / "cpu.stat")
+        return st.get("throttled_usec", 0) / 1e6 if self.version == 2 else st.get("throttled_time", 0) / 1e9
+
+    def cleanup(self) -> None:
+        """SIGKILL whatever is left in our cgroups (only our own children can be there), then
+        remove them, deepest first (the daemons make sandbox cgroups below theirs)."""
+        for root in self.roots:
+            kill_cgroup_tree(root)
+            remove_cgroup_tree(root, keep_root=True)
+
+    def remove(self) -> None:
+        for root in self.roots:
+            kill_cgroup_tree(root)
+            remove_cgroup_tree(root, keep_root=False)
+
+
+def machine_cpu_s() -> tuple[float, float]:
+    """(busy, steal) CPU seconds of the whole machine since boot, all CPUs (/proc/stat)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    steal = v[7] if len(v) > 7 else 0
+    return (sum(v[:8]) - v[3] - v[4] - steal) / tick, steal / tick
+
+
+def client_cpu_s() -> float:
+    """CPU seconds of this process (the benchmark client)."""
+    t = os.times()
+    return t.user + t.system
+
+
+def _stat(path: Path) -> dict[str, int]:
+    try:
+        return {k: int(v) for k, v in (line.split() for line in path.read_text().splitlines())}
+    except (OSError, ValueError):
+        return {}
+
+
+def _tree(root: Path) -> list[Path]:
+    """root and every cgroup below it, deepest first."""
+    if not root.is_dir():
+        return []
+    found = [Path(dirpath) for dirpath, _, _ in os.walk(root)]
+    return sorted(found, key=lambda p: len(p.parts), reverse=True)
+
+
+def kill_cgroup_tree(root: Path) -> None:
+    for _ in range(100):
+        pids: set[int] = set()
+        for d in _tree(root):
+            with contextlib.suppress(OSError, ValueError):
+                pids.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+    console.print(f"[red]processes are left in {root}")
+
+
+def remove_cgroup_tree(root: Path, *, keep_root: bool) -> None:
+    for d in _tree(root):
+        if keep_root and d == root:
+            continue
+        for _ in range(50):
+            try:
+                d.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    console.print(f"[red]cannot remove cgroup {d}: {exc}")
+                    break
+                time.sleep(0.05)
+
+
+def remove_sandbox_cgroups(tags: list[str]) -> None:
+    """The daemons' sandbox cgroups (``<own>/rolloutd/<boot tag>``) in the other hierarchies,
+    if a daemon left any (only after a kill: a drained daemon removes them)."""
+    own = _own_cgroups()
+    bases: list[Path] = []
+    if (CGROUP_FS / "cgroup.controllers").exists():
+        bases.append(CGROUP_FS / own.get("", "/").lstrip("/"))
+    else:
+        for hier in CGROUP_FS.iterdir() if CGROUP_FS.is_dir() else []:
+            path = next((own[n] for n in hier.name.split(",") if n in own), None)
+            if path is not None:
+                bases.append(hier / path.lstrip("/"))
+    for base in bases:
+        for tag in tags:
+            d = base / "rolloutd" / tag
+            if d.is_dir():
+                kill_cgroup_tree(d)
+                remove_cgroup_tree(d, keep_root=False)
 
 
 # ---- network: namespaces on a bridge, or loopback ------------------------------------------
@@ -106,7 +402,11 @@ class Network:
         return f"http://{self.addr(i)}:{self.ports[i]}"
 
     def wrap(self, i: int, argv: list[str]) -> list[str]:
-        return ["ip", "netns", "exec", f"{NS_PREFIX}{i}", *argv] if self.mode == "netns" else argv
+        if self.mode != "netns":
+            return argv
+        # nsenter switches only the network namespace; `ip netns exec` would also remount
+        # /sys, hiding /sys/fs/cgroup (the daemon's sandbox cgroups) from the daemon.
+        return ["nsenter", f"--net=/var/run/netns/{NS_PREFIX}{i}", "--", *argv]
 
     def setup(self) -> None:
         if self.mode != "netns":
@@ -144,7 +444,7 @@ def _free_ports(n: int) -> list[int]:
 
 
 def choose_network(requested: str, n: int) -> Network:
-    if requested in ("auto", "netns") and os.geteuid() == 0 and shutil.which("ip"):
+    if requested in ("auto", "netns") and os.geteuid() == 0 and shutil.which("ip") and shutil.which("nsenter"):
         net = Network("netns", n)
         try:
             net.setup()
@@ -156,99 +456,200 @@ def choose_network(requested: str, n: int) -> Network:
             console.print(f"[yellow]network namespaces unavailable ({exc.stderr.decode().strip()}); "
                           "using loopback ports")
     elif requested == "netns":
-        raise SystemExit("--net netns needs root and the ip command")
+        raise SystemExit("--net netns needs root and the ip and nsenter commands")
     return Network("loopback", n)
 
 
 # ---- daemons ----------------------------------------------------------------------------------
 
+#: Every daemon process this benchmark started and has not reaped (for the final cleanup).
+LIVE: list[subprocess.Popen[bytes]] = []
 
-@dataclass
-class Cluster:
-    net: Network
-    n: int
-    token: str
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    @property
-    def urls(self) -> list[str]:
-        return [self.net.url(i) for i in range(self.n)]
+class Fleet:
+    """Every daemon of the benchmark: daemon i has namespace i, cgroup d<i>, name bench<i>.
+
+    Daemons join a federation through their seeds (the federation's members) and stay until
+    stopped, so a federation grows by starting daemons seeded with it.
+    """
+
+    def __init__(self, net: Network, budgets: Budgets) -> None:
+        self.net = net
+        self.budgets = budgets
+        self.workdir = Path(tempfile.mkdtemp(prefix="rdf", dir="/tmp"))  # short: sandbox sockets
+        self.token = secrets.token_hex(32)
+        self.token_file = self.workdir / "token"
+        self.token_file.write_text(self.token)
+        self.token_file.chmod(0o600)
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.codes: dict[int, int | None] = {}
+        self.tags: dict[int, str] = {}
+        self.next_index = 0
 
     @property
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}
 
+    def start(self, config: str, seeds: list[int], count: int) -> list[int]:
+        """Start ``count`` daemons with ``config``, seeded with daemons ``seeds`` and each other."""
+        indices = list(range(self.next_index, self.next_index + count))
+        self.next_index += count
+        config_path = self.workdir / f"rolloutd{indices[0]}.toml"
+        config_path.write_text(config)
+        base = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUTD_")}
+        seed_urls = ",".join(self.net.url(i) for i in [*seeds, *indices])
+        for i in indices:
+            env = dict(
+                base,
+                ROLLOUTD_NODE_ID=f"bench{i}",
+                ROLLOUTD_URL=self.net.url(i),
+                ROLLOUTD_SEEDS=seed_urls,
+                ROLLOUTD_TOKEN_FILE=str(self.token_file),
+                ROLLOUTD_STATE_DIR=str(self.workdir / f"s{i}"),
+                ROLLOUTD_CACHE_DIR=str(self.workdir / "cache"),
+                ROLLOUTD_DRAIN_TIMEOUT_S="10",
+            )
+            argv = [str(ROLLOUTD), "serve", "--config", str(config_path), "--host", self.net.addr(i),
+                    "--port", str(self.net.ports[i])]
+            with (self.workdir / f"daemon{i}.log").open("wb") as log:
+                proc = subprocess.Popen(self.budgets.enter_argv(i) + self.net.wrap(i, argv), env=env,
+                                        stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+            self.procs[i] = proc
+            LIVE.append(proc)
+        return indices
 
-def start_daemons(net: Network, n: int, workdir: Path) -> Cluster:
-    token = secrets.token_hex(32)
-    token_file = workdir / "token"
-    token_file.write_text(token)
-    token_file.chmod(0o600)
-    config = workdir / "rolloutd.toml"
-    config.write_text(CONFIG)
-    cluster = Cluster(net, n, token)
-    base = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUTD_")}
-    for i in range(n):
-        env = dict(
-            base,
-            ROLLOUTD_NODE_ID=f"bench{i}",
-            ROLLOUTD_URL=net.url(i),
-            ROLLOUTD_SEEDS=",".join(cluster.urls),
-            ROLLOUTD_TOKEN_FILE=str(token_file),
-            ROLLOUTD_STATE_DIR=str(workdir / f"state{i}"),
-            ROLLOUTD_DRAIN_TIMEOUT_S="10",
-        )
-        argv = [str(ROLLOUTD), "serve", "--config", str(config), "--host", net.addr(i),
-                "--port", str(net.ports[i])]
-        log = (workdir / f"daemon{i}.log").open("wb")
-        cluster.procs.append(subprocess.Popen(net.wrap(i, argv), env=env, stdout=log, stderr=log,
-                                              stdin=subprocess.DEVNULL))
-        log.close()
-    return cluster
+    def stop(self, indices: list[int]) -> None:
+        procs = [self.procs.pop(i) for i in indices if i in self.procs]
+        for i, code in zip(indices, stop_daemons(procs), strict=True):
+            self.codes[i] = code
+        remove_sandbox_cgroups([self.tags[i] for i in indices if i in self.tags])
+
+    def stop_all(self) -> bool:
+        """Stop every daemon; True when all of them ever started exited 0."""
+        self.stop(sorted(self.procs))
+        ok = all(c == 0 for c in self.codes.values())
+        if ok:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        else:
+            bad = {f"bench{i}": c for i, c in self.codes.items() if c != 0}
+            console.print(f"[red]daemons that did not exit 0 after SIGTERM: {bad}; logs kept in {self.workdir}")
+        return ok
+
+    def log_tail(self, i: int) -> str:
+        return (self.workdir / f"daemon{i}.log").read_text(errors="replace")[-2000:]
 
 
-def stop_daemons(cluster: Cluster, workdir: Path) -> list[int | None]:
-    """SIGTERM (the daemons drain, nothing is running), then SIGKILL what is left."""
-    for p in cluster.procs:
+@dataclasses.dataclass
+class Cluster:
+    """The daemons ``indices`` of ``fleet`` as one federation; the first is the front."""
+
+    fleet: Fleet
+    indices: list[int]
+
+    @property
+    def n(self) -> int:
+        return len(self.indices)
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.fleet.net.url(i) for i in self.indices]
+
+    @property
+    def names(self) -> list[str]:
+        return [f"bench{i}" for i in self.indices]
+
+    @property
+    def procs(self) -> list[subprocess.Popen[bytes]]:
+        return [self.fleet.procs[i] for i in self.indices]
+
+
+def stop_daemons(procs: list[subprocess.Popen[bytes]]) -> list[int | None]:
+    """SIGTERM (the daemons drain; nothing is running), then SIGKILL what is left."""
+    for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
     codes: list[int | None] = []
-    for i, p in enumerate(cluster.procs):
+    for i, p in enumerate(procs):
         try:
             codes.append(p.wait(timeout=30))
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
             codes.append(None)
-            console.print(f"[red]daemon {i} did not stop; killed. Log: {workdir / f'daemon{i}.log'}")
+            console.print(f"[red]daemon {i} did not stop; killed")
+        with contextlib.suppress(ValueError):
+            LIVE.remove(p)
     return codes
 
 
+class Cleanup:
+    """Kills every daemon still running, removes the cgroups and the namespaces; idempotent."""
+
+    budgets: Budgets | None = None
+    net: Network | None = None
+
+    def __call__(self) -> None:
+        for p in list(LIVE):
+            if p.poll() is None:
+                p.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=10)
+            LIVE.remove(p)
+        if self.budgets is not None:
+            self.budgets.remove()
+            self.budgets = None
+        if self.net is not None:
+            self.net.teardown()
+            self.net = None
+
+
+CLEANUP = Cleanup()
+
+
 async def wait_converged(cluster: Cluster, http: httpx.AsyncClient, timeout_s: float) -> float:
-    """Until the front sees every daemon alive with a healthy backend; returns seconds taken."""
+    """Until the front sees every daemon of the cluster alive with a healthy backend, and
+    nothing else alive; returns the seconds it waited."""
+    fleet = cluster.fleet
+    wanted = set(cluster.names)
     start = time.perf_counter()
     with trio.fail_after(timeout_s):
         while True:
-            for i, p in enumerate(cluster.procs):
+            for i, p in zip(cluster.indices, cluster.procs, strict=True):
                 if p.poll() is not None:
-                    raise RuntimeError(f"daemon {i} exited with {p.returncode} during start")
+                    raise RuntimeError(f"daemon {i} exited with {p.returncode} during start:\n"
+                                       f"{fleet.log_tail(i)}")
             try:
                 resp = await http.get(cluster.urls[0] + "/v1/federation/members")
                 members = resp.json()["members"] if resp.status_code == 200 else []
             except httpx.HTTPError:
                 members = []
-            if len(members) == cluster.n and all(
-                m["state"] == "alive" and m["capacity"]["healthy_backends"] > 0 for m in members
-            ):
+            alive = {m["node_id"] for m in members if m["state"] == "alive"
+                     and m["capacity"]["healthy_backends"] > 0}
+            if alive == wanted:
                 break
             await trio.sleep(0.2)
-    await trio.sleep(2 * GOSSIP_INTERVAL_S)  # fresh capacity reports everywhere
-    return time.perf_counter() - start
+    for i, url in zip(cluster.indices, cluster.urls, strict=True):
+        if i not in fleet.tags:
+            st = (await http.get(url + "/v1/status")).json()
+            fleet.tags[i] = boot_tag(st["boot_id"])
+    ready = time.perf_counter() - start
+    await trio.sleep(2 * gossip_interval())  # fresh capacity reports everywhere
+    return ready
 
 
-def cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+def boot_tag(boot_id: str) -> str:
+    from rolloutd.sandbox._layout import boot_tag as tag
+
+    return tag(boot_id)
+
+
+def proc_cpu_s(pid: int) -> float:
+    """CPU seconds of the daemon process itself (not its sandboxes)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -268,22 +669,35 @@ async def forwarded_total(cluster: Cluster, http: httpx.AsyncClient) -> int:
 # ---- load -------------------------------------------------------------------------------------
 
 
-def workload(count: int, seed: int = 7) -> list[dict[str, Any]]:
-    rng = random.Random(seed)
-    return [{"kind": "sleep", "init_s": INIT_S, "run_s": round(rng.uniform(*RUN_S), 3), "eval_s": EVAL_S}
-            for _ in range(count)]
+@dataclasses.dataclass
+class Outcome:
+    """One rollout as the client saw it."""
+
+    submitted: float  # seconds since the first submit
+    arrived: float
+    status: str
+    reward: float | None
+    node: str | None
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed" and self.reward == 1.0
 
 
-async def submit_all(http: httpx.AsyncClient, front: str, tasks: list[dict[str, Any]]) -> list[str]:
-    ids: list[str | None] = [None] * len(tasks)
-    todo = iter(enumerate(tasks))
+async def submit_all(http: httpx.AsyncClient, front: str, count: int, t0: float,
+                     sent: dict[str, float]) -> list[str]:
+    ids: list[str | None] = [None] * count
+    todo = iter(range(count))
 
     async def submitter() -> None:
-        for i, task in todo:
-            resp = await http.post(front + "/v1/rollouts", json={"task": task})
+        for i in todo:
+            t = time.perf_counter() - t0
+            resp = await http.post(front + "/v1/rollouts", json={"task": TASK})
             if resp.status_code != 202:
                 raise RuntimeError(f"submit answered {resp.status_code}: {resp.text[:300]}")
-            ids[i] = resp.json()["ids"][0]
+            ids[i] = job_id = resp.json()["ids"][0]
+            sent[job_id] = t
 
     async with trio.open_nursery() as nursery:
         for _ in range(SUBMITTERS):
@@ -291,15 +705,13 @@ async def submit_all(http: httpx.AsyncClient, front: str, tasks: list[dict[str, 
     return [i for i in ids if i is not None]
 
 
-async def run_load(
-    http: httpx.AsyncClient, front: str, tasks: list[dict[str, Any]]
-) -> tuple[dict[str, int], list[float]]:
-    """Submit in chunks; stream each chunk's results through the front as soon as it is in.
-
-    Returns the status counts and each result's arrival time (seconds since the first submit).
-    """
-    statuses: dict[str, int] = {}
-    arrivals: list[float] = []
+async def run_load(http: httpx.AsyncClient, front: str, count: int, timeout_s: float) -> list[Outcome]:
+    """Submit ``count`` rollouts in chunks; stream each chunk's results through the front as
+    soon as the chunk is in. Returns the outcomes in order of arrival; a rollout whose result
+    has not arrived after ``timeout_s`` is an outcome with status "no result"."""
+    sent: dict[str, float] = {}
+    seen: set[str] = set()
+    outcomes: list[Outcome] = []
     t0 = time.perf_counter()
 
     async def stream(chunk: list[str]) -> None:
@@ -307,139 +719,420 @@ async def run_load(
         async with http.stream("GET", front + "/v1/rollouts/stream", params=params) as resp:
             resp.raise_for_status()
             async for line in resp.aiter_lines():
-                if line.strip():
-                    status = json.loads(line)["status"]
-                    statuses[status] = statuses.get(status, 0) + 1
-                    arrivals.append(time.perf_counter() - t0)
+                if not line.strip():
+                    continue
+                arrived = time.perf_counter() - t0
+                traj = json.loads(line)
+                seen.add(traj["id"])
+                err = traj.get("error") or {}
+                outcomes.append(Outcome(
+                    submitted=sent.get(traj["id"], 0.0), arrived=arrived, status=traj["status"],
+                    reward=traj.get("reward"), node=traj.get("node_id"),
+                    error=f"{err.get('stage')}/{err.get('type')}: {err.get('message', '')[:200]}" if err else None,
+                ))
 
-    async with trio.open_nursery() as nursery:
-        for k in range(0, len(tasks), STREAM_CHUNK):
-            ids = await submit_all(http, front, tasks[k : k + STREAM_CHUNK])
-            nursery.start_soon(stream, ids)
-    return statuses, sorted(arrivals)
+    with trio.move_on_after(timeout_s):
+        async with trio.open_nursery() as nursery:
+            for k in range(0, count, STREAM_CHUNK):
+                ids = await submit_all(http, front, min(STREAM_CHUNK, count - k), t0, sent)
+                nursery.start_soon(stream, ids)
+    now = time.perf_counter() - t0
+    for job_id, t in sent.items():
+        if job_id not in seen:
+            outcomes.append(Outcome(submitted=t, arrived=now, status="no result", reward=None,
+                                    node=None, error=f"{job_id}: no result within {timeout_s:g} s"))
+    if len(sent) < count:
+        console.print(f"[red]only {len(sent)} of {count} rollouts were submitted within {timeout_s:g} s")
+    return sorted(outcomes, key=lambda o: o.arrived)
 
 
-@dataclass
+@dataclasses.dataclass
 class Result:
+    label: str
     n: int
-    rollouts: int
-    seconds: float
-    steady_rps: float
+    slots: tuple[int, int, int]
+    cores_each: float
+    outcomes: list[Outcome]
     converge_s: float
-    statuses: dict[str, int]
-    shares: list[int]
+    work: list[int]
+    work_source: str
     forwarded: int
-    front_cpu_ms: float
-    all_cpu_s: float
-    exit_codes: list[int | None]
+    cpu_s: list[float]  # per daemon, cgroup (sandboxes included)
+    proc_cpu_s: list[float]  # per daemon, the daemon process alone
+    throttled_s: list[float]
+    warmup_failures: int
+    warm_s: float
+    client_cpu_s: float  # the benchmark client, over the burst
+    other_cpu_s: float  # everything else on the machine (not our daemons, not the client)
+    steal_s: float  # taken by the hypervisor
+    idle_share: list[float]  # per daemon: CPU used while idle, as a share of its budget
+    indices: list[int] = dataclasses.field(default_factory=list)
+    exit_codes: list[int | None] = dataclasses.field(default_factory=list)
+
+    @property
+    def rollouts(self) -> int:
+        return len(self.outcomes)
+
+    @property
+    def seconds(self) -> float:
+        return max(o.arrived for o in self.outcomes) - min(o.submitted for o in self.outcomes)
 
     @property
     def rps(self) -> float:
         return self.rollouts / self.seconds
 
+    @property
+    def failures(self) -> list[Outcome]:
+        return [o for o in self.outcomes if not o.ok]
 
-async def run_size(net: Network, n: int, per_daemon: int) -> Result:
-    with tempfile.TemporaryDirectory(prefix="rolloutd-bench-") as tmp:
-        workdir = Path(tmp)
-        cluster = start_daemons(net, n, workdir)
-        codes: list[int | None] = []
-        try:
-            timeout = httpx.Timeout(30.0, read=None)
-            limits = httpx.Limits(max_connections=SUBMITTERS + 16)
-            async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=cluster.auth) as http:
-                converge_s = await wait_converged(cluster, http, timeout_s=90)
-                front = cluster.urls[0]
-                # Warm-up: connections between the front and each peer, code paths.
-                await run_load(http, front, workload(n * N_RUN, seed=1))
-                await trio.sleep(2 * GOSSIP_INTERVAL_S)
-                before = await finished_counts(cluster, http)
-                fwd0 = await forwarded_total(cluster, http)
-                cpu0 = [cpu_s(p.pid) for p in cluster.procs]
+    def latency(self, q: float) -> float:
+        lat = sorted(o.arrived - o.submitted for o in self.outcomes)
+        return lat[min(len(lat) - 1, int(q * len(lat)))]
 
-                tasks = workload(n * per_daemon)
-                statuses, arrivals = await run_load(http, front, tasks)
+    @property
+    def tail_ratio(self) -> float:
+        return max(self.work) / statistics.mean(self.work) if self.work and sum(self.work) else float("nan")
 
-                cpu1 = [cpu_s(p.pid) for p in cluster.procs]
-                after = await finished_counts(cluster, http)
-                fwd1 = await forwarded_total(cluster, http)
-        finally:
-            codes = stop_daemons(cluster, workdir)
-        if any(c != 0 for c in codes):
-            console.print(f"[red]daemon exit codes {codes}; logs were in {workdir}")
-    # Steady state: the middle half of the results, while every daemon has a full queue.
-    q1, q3 = len(arrivals) // 4, 3 * len(arrivals) // 4
+
+@dataclasses.dataclass
+class Run:
+    """One measured burst: ``label``, on a cluster of one or more daemons."""
+
+    label: str
+    n: int
+    slots: tuple[int, int, int]
+    cores_each: float
+    rollouts: int
+    timeout_s: float = 600.0
+
+
+async def measure(run: Run, cluster: Cluster, http: httpx.AsyncClient, converge_s: float) -> Result:
+    """Warm up without a limit, put the budget on, run the burst, take the limit off."""
+    budgets = cluster.fleet.budgets
+    front = cluster.urls[0]
+    # Warm-up: connections between the front and each peer, spare sandbox launchers, code paths.
+    t_warm = time.perf_counter()
+    warm = await run_load(http, front, cluster.n * run.slots[1], timeout_s=120)
+    warm_s = time.perf_counter() - t_warm
+    idx = cluster.indices
+    for i in idx:
+        budgets.set_cores(i, run.cores_each)
+    await trio.sleep(2 * gossip_interval())
+    # Idle, under the budget: what membership (gossip, health checks) costs each daemon.
+    idle0 = [budgets.usage_s(i) for i in idx]
+    await trio.sleep(IDLE_S)
+    idle = [(budgets.usage_s(i) - a) / (IDLE_S * run.cores_each) for i, a in zip(idx, idle0, strict=True)]
+    before = await finished_counts(cluster, http)
+    fwd0 = await forwarded_total(cluster, http)
+    cpu0 = [budgets.usage_s(i) for i in idx]
+    pcpu0 = [proc_cpu_s(p.pid) for p in cluster.procs]
+    thr0 = [budgets.throttled_s(i) for i in idx]
+    machine0, ours0, client0 = machine_cpu_s(), budgets.total_usage_s(), client_cpu_s()
+
+    outcomes = await run_load(http, front, run.rollouts, run.timeout_s)
+
+    machine1, ours1, client1 = machine_cpu_s(), budgets.total_usage_s(), client_cpu_s()
+    cpu1 = [budgets.usage_s(i) for i in idx]
+    pcpu1 = [proc_cpu_s(p.pid) for p in cluster.procs]
+    thr1 = [budgets.throttled_s(i) for i in idx]
+    for i in idx:  # a quick drain
+        budgets.set_cores(i, None)
+    after = await finished_counts(cluster, http)
+    fwd1 = await forwarded_total(cluster, http)
+    if all(o.node is not None for o in outcomes):
+        work = [sum(1 for o in outcomes if o.node == name) for name in cluster.names]
+        source = "trajectory node_id"
+    else:
+        work = [a - b for a, b in zip(after, before, strict=True)]
+        source = "GET /v1/status eval counts (a result carried no node_id)"
     return Result(
-        n=n,
-        rollouts=len(arrivals),
-        seconds=arrivals[-1],
-        steady_rps=(q3 - q1) / (arrivals[q3] - arrivals[q1]),
-        converge_s=converge_s,
-        statuses=statuses,
-        shares=[a - b for a, b in zip(after, before, strict=True)],
+        label=run.label, n=cluster.n, slots=run.slots, cores_each=run.cores_each,
+        outcomes=outcomes, converge_s=converge_s, work=work, work_source=source,
         forwarded=fwd1 - fwd0,
-        front_cpu_ms=(cpu1[0] - cpu0[0]) * 1000 / max(1, len(arrivals)),
-        all_cpu_s=sum(cpu1) - sum(cpu0),
-        exit_codes=codes,
+        cpu_s=[b - a for a, b in zip(cpu0, cpu1, strict=True)],
+        proc_cpu_s=[b - a for a, b in zip(pcpu0, pcpu1, strict=True)],
+        throttled_s=[b - a for a, b in zip(thr0, thr1, strict=True)],
+        warmup_failures=sum(1 for o in warm if not o.ok), warm_s=warm_s,
+        client_cpu_s=client1 - client0,
+        other_cpu_s=(machine1[0] - machine0[0]) - (ours1 - ours0) - (client1 - client0),
+        steal_s=machine1[1] - machine0[1], idle_share=idle,
     )
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--sizes", default="1,2,4,8", help="daemon counts (the first is the baseline: 1)")
-    parser.add_argument("--per-daemon", type=int, default=64, help="rollouts per daemon in each run")
-    parser.add_argument("--net", choices=["auto", "netns", "loopback"], default="auto")
-    args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
-    if not ROLLOUTD.exists():
-        raise SystemExit(f"{ROLLOUTD} not found: run this with the venv's python")
+# ---- report -----------------------------------------------------------------------------------
 
-    net = choose_network(args.net, max(sizes))
-    results: list[Result] = []
-    try:
-        for n in sizes:
-            r = await run_size(net, n, args.per_daemon)
-            console.print(f"{n} daemon(s): {r.rps:.2f} rollouts/s ({r.rollouts} in {r.seconds:.2f} s), "
-                          f"steady {r.steady_rps:.2f}/s, shares {r.shares}, converged in {r.converge_s:.1f} s")
-            results.append(r)
-    finally:
-        net.teardown()
 
-    base = next((r.rps for r in results if r.n == 1), None)
-    mean_run = sum(RUN_S) / 2
-    table = Table(title=f"federation scaling: one front, {args.per_daemon} sleep rollouts per daemon "
-                        f"(RUN {RUN_S[0]}-{RUN_S[1]} s, {N_RUN} RUN slots per daemon), network: {net.mode}, "
-                        f"{os.cpu_count()} CPUs")
-    steady_base = next((r.steady_rps for r in results if r.n == 1), None)
-    for col in ("daemons", "rollouts", "seconds", "rollouts/s", "eff vs 1", "ideal/s", "steady/s",
-                "steady eff", "forwarded", "per daemon (min-max)", "front CPU ms/rollout",
-                "all daemons CPU", "completed"):
+def describe(r: Result) -> str:
+    fails = f", [red]{len(r.failures)} NOT completed with reward 1[/red]" if r.failures else ""
+    return (f"{r.label}: {r.rps:.2f} rollouts/s ({r.rollouts} in {r.seconds:.1f} s), "
+            f"p50 {r.latency(0.5):.1f} s, p99 {r.latency(0.99):.1f} s, work {r.work}, "
+            f"CPU s {[round(c, 1) for c in r.cpu_s]}{fails} (waited {r.converge_s:.0f} s for "
+            f"start-up, warm-up {r.warm_s:.0f} s)")
+
+
+def results_table(title: str, results: list[Result], base: Result | None) -> Table:
+    """``base``: the one-budget daemon; eff = rps / (budgets x its rps), where a run's budgets
+    are its total cores over the base's (N for N federated daemons, N for the control)."""
+    table = Table(title=title)
+    cols = ["run", "daemons", "cores each", "slots each init/run/eval", "rollouts", "ok", "seconds",
+            "rollouts/s", "eff vs budgets x 1", "p50 s", "p99 s", "forwarded", "work per daemon",
+            "busiest/mean"]
+    for col in cols if base else [c for c in cols if c not in ("eff vs budgets x 1", "forwarded")]:
         table.add_column(col, justify="right")
     for r in results:
-        eff = r.rps / (r.n * base) if base else float("nan")
-        steady_eff = r.steady_rps / (r.n * steady_base) if steady_base else float("nan")
+        budgets = r.n * r.cores_each / base.cores_each if base else float("nan")
+        eff = r.rps / (budgets * base.rps) if base else float("nan")
+        ok = f"{r.rollouts - len(r.failures)}/{r.rollouts}"
+        row = [r.label, str(r.n), f"{r.cores_each:g}", "/".join(map(str, r.slots)), str(r.rollouts),
+               ok if not r.failures else f"[red]{ok}", f"{r.seconds:.1f}", f"{r.rps:.2f}"]
+        if base:
+            row.append(f"{eff:.3f}")
+        row += [f"{r.latency(0.5):.1f}", f"{r.latency(0.99):.1f}"]
+        if base:
+            row.append(f"{100 * r.forwarded / max(1, r.rollouts):.0f}%")
+        row += [" ".join(str(w) for w in r.work), f"{r.tail_ratio:.2f}"]
+        table.add_row(*row)
+    return table
+
+
+def cpu_table(title: str, results: list[Result]) -> Table:
+    table = Table(title=title)
+    for col in ("run", "CPU s per daemon (cgroup: daemon, sandboxes, tools)", "CPU s/rollout",
+                "% of budget busiest / mean", "idle % of budget mean / max", "throttled s (sum)", "daemon process CPU s front / peers mean",
+                "client CPU s", "other load cores", "steal cores"):
+        table.add_column(col, justify="right")
+    for r in results:
+        use = [c / (r.cores_each * r.seconds) for c in r.cpu_s]
+        peers = r.proc_cpu_s[1:]
         table.add_row(
-            str(r.n), str(r.rollouts), f"{r.seconds:.2f}", f"{r.rps:.2f}", f"{eff:.3f}",
-            f"{r.n * N_RUN / mean_run:.1f}", f"{r.steady_rps:.2f}", f"{steady_eff:.3f}",
-            f"{100 * r.forwarded / r.rollouts:.0f}%", f"{min(r.shares)}-{max(r.shares)}",
-            f"{r.front_cpu_ms:.1f}", f"{100 * r.all_cpu_s / r.seconds / (os.cpu_count() or 1):.0f}%",
-            f"{r.statuses.get('completed', 0)}/{r.rollouts}",
+            r.label, " ".join(f"{c:.1f}" for c in r.cpu_s), f"{sum(r.cpu_s) / max(1, r.rollouts):.2f}",
+            f"{100 * max(use):.0f}% / {100 * statistics.mean(use):.0f}%",
+            f"{100 * statistics.mean(r.idle_share):.1f}% / {100 * max(r.idle_share):.1f}%",
+            f"{sum(r.throttled_s):.1f}",
+            f"{r.proc_cpu_s[0]:.1f} / " + (f"{statistics.mean(peers):.1f}" if peers else "-"),
+            f"{r.client_cpu_s:.1f}", f"{r.other_cpu_s / r.seconds:.2f}", f"{r.steal_s / r.seconds:.2f}",
         )
-    console.print(table)
-    console.print("rollouts/s: rollouts / (first submit to last result); eff = rps_N / (N * rps_1). "
-                  "ideal/s: RUN slots / mean RUN time, times N. steady/s: the middle half of the "
-                  "results over their time span (every queue full). all daemons CPU: their CPU time "
-                  "over the run, as a share of every core.")
-    by_n = {r.n: r for r in results}
+    return table
 
-    def rps_of(n: int) -> str:
-        return f"{by_n[n].rps:.3f}" if n in by_n else "nan"
 
-    def eff_of(n: int) -> str:
-        return f"{by_n[n].rps / (n * base):.3f}" if n in by_n and base else "nan"
+def pick_knee(sweep: list[Result], tolerance: float) -> Result:
+    best = max(r.rps for r in sweep)
+    return min((r for r in sweep if r.rps >= (1 - tolerance) * best), key=lambda r: r.slots[1])
 
-    print(f"RESULT rps_1={rps_of(1)} rps_2={rps_of(2)} rps_4={rps_of(4)} rps_8={rps_of(8)} "
-          f"eff_2={eff_of(2)} eff_4={eff_of(4)} eff_8={eff_of(8)}")
+
+async def main(args: argparse.Namespace) -> None:
+    """The benchmark; SIGTERM and SIGHUP stop it like Ctrl-C (everything is cleaned up)."""
+
+    async def on_signal() -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
+            async for signum in signals:
+                raise KeyboardInterrupt(f"signal {signum}")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(on_signal)
+        await bench(args)
+        nursery.cancel_scope.cancel()
+
+
+async def bench(args: argparse.Namespace) -> None:
+    global GOSSIP_INTERVAL_S
+    GOSSIP_INTERVAL_S = args.gossip_interval_s
+    sizes = [int(s) for s in args.sizes.split(",")]
+    sweep_runs = [int(s) for s in args.sweep.split(",")] if args.sweep else []
+    if sizes[0] != 1 or sizes != sorted(set(sizes)):
+        raise SystemExit("--sizes must start with 1 (the one-budget baseline) and grow")
+    if not ROLLOUTD.exists():
+        raise SystemExit(f"{ROLLOUTD} not found: run this with the venv's python")
+    if os.geteuid() != 0:
+        raise SystemExit("this benchmark needs root: it gives each daemon a cgroup with a CPU quota")
+    if args.stealing == "default":
+        args.stealing = None
+    elif stealing_setting_exists():
+        args.stealing = args.stealing == "on"
+    else:
+        console.print(f"[yellow]--stealing {args.stealing}: this rolloutd has no work_stealing "
+                      "setting; the daemons run as they are")
+        args.stealing = None
+    top = max(sizes)
+    total = top * args.budget
+    cpus = os.cpu_count() or 1
+    if total > cpus:
+        raise SystemExit(f"{top} daemons x {args.budget} cores = {total:g} cores > the {cpus} CPUs")
+    first = len(sweep_runs) or 1
+    n_daemons = first + top - 1 + (0 if args.no_control else 1)
+    budgets = CLEANUP.budgets = Budgets()
+    net = CLEANUP.net = choose_network(args.net, n_daemons)
+    results: list[Result] = []
+    started = time.perf_counter()
+    console.print(
+        f"budget: {args.budget:g} core per daemon ({budgets.describe()}, period {CFS_PERIOD_US} us); "
+        f"{top} daemons take {total:g} of {cpus} CPUs, the rest is the client's. Network: {net.mode}. "
+        f"Workload: code tasks, scripted backend (TEST DOUBLE) at {args.latency_s:g} s a turn, "
+        f"3 turns (2 bash tool calls, then finish), bwrap sandboxes. Gossip every "
+        f"{gossip_interval():g} s. Work stealing: {STEALING_TEXT[args.stealing]}.")
+    # A rough plan from runs on this 2-core VM: a daemon takes ~18 CPU-seconds to start
+    # (imports, tokenizer), so k daemons ~20 + 10 (k - 1) s; a rollout ~0.3 CPU-seconds on
+    # one daemon (~3.2 rollouts/s per core), and a federation reached ~70% of that.
+    burst_s = args.per_daemon / (3.2 * args.budget)
+    steps = [n - m for m, n in zip([1, *sizes], sizes, strict=False) if n > m]
+    est = (20 + 10 * (first - 1) + len(sweep_runs) * (burst_s + 10)
+           + sum(20 + 10 * (k - 1) + burst_s / 0.7 + 10 for k in steps)
+           + (0 if args.no_control else 20 + burst_s + 10) + 10)
+    console.print(f"expected time: about {est / 60:.0f} min ({len(sweep_runs)} sweep points, sizes {sizes}, "
+                  f"{'no' if args.no_control else 'one'} control; {args.per_daemon} rollouts per daemon)")
+
+    def config(slots: tuple[int, int, int]) -> str:
+        return daemon_config(slots, args.latency_s, args.stealing, args.gossip_interval_s)
+
+    fleet = Fleet(net, budgets)
+    budgets.make(n_daemons)
+    timeout = httpx.Timeout(30.0, read=None)
+    limits = httpx.Limits(max_connections=SUBMITTERS + 16)
+    try:
+        async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=fleet.auth) as http:
+
+            async def measured(label: str, cluster: Cluster, slots: tuple[int, int, int], cores: float,
+                               rollouts: int) -> Result:
+                ready_s = await wait_converged(cluster, http, timeout_s=300)
+                r = await measure(Run(label, cluster.n, slots, cores, rollouts, args.burst_timeout_s),
+                                  cluster, http, ready_s)
+                r.indices = list(cluster.indices)
+                console.print(describe(r))
+                return r
+
+            # 1. saturation of one daemon under one budget; the daemons start together
+            # (start-up is CPU-bound and slow), each on its own, and are measured in turn.
+            if sweep_runs:
+                alone = [fleet.start(config(stage_slots(k)), [], 1)[0] for k in sweep_runs]
+                sweep = [await measured(f"sweep n_run={k}", Cluster(fleet, [i]), stage_slots(k),
+                                        args.budget, args.per_daemon)
+                         for k, i in zip(sweep_runs, alone, strict=True)]
+                title = f"saturation: ONE daemon, {args.budget:g} core, {args.per_daemon} rollouts"
+                console.print(results_table(title, sweep, None))
+                console.print(cpu_table(title + ": CPU over the burst", sweep))
+                knee = pick_knee(sweep, args.knee)
+                slots = knee.slots[1]
+                console.print(f"saturation point: n_run={slots} (the fewest RUN slots within "
+                              f"{100 * args.knee:.0f}% of the sweep's best {max(r.rps for r in sweep):.2f}/s)")
+                members = [alone[sweep.index(knee)]]
+                fleet.stop([i for i in alone if i not in members])
+            else:
+                slots = args.slots
+                console.print(f"no sweep: n_run={slots} per daemon (--slots)")
+                members = fleet.start(config(stage_slots(slots)), [], 1)
+            per = stage_slots(slots)
+            # 2. N federated daemons, one budget each. The chosen daemon is the front of every
+            # size; each size adds daemons seeded with the federation. N = 1 is the sweep's
+            # run at the chosen slots (the same daemon, budget and burst).
+            for n in sizes:
+                if n == 1 and sweep_runs:
+                    results.append(dataclasses.replace(knee, label="federated 1"))
+                    console.print(f"federated 1: the sweep's n_run={slots} run")
+                    continue
+                if n > len(members):
+                    members += fleet.start(config(per), members, n - len(members))
+                results.append(await measured(f"federated {n}", Cluster(fleet, list(members)), per,
+                                              args.budget, n * args.per_daemon))
+            # 3. the control, alone: one daemon with the biggest federation's total budget
+            # and slots, on the same burst
+            if not args.no_control:
+                fleet.stop(members)
+                solo = fleet.start(config(stage_slots(slots, top)), [], 1)
+                results.append(await measured(f"control (1 x {top} budgets)", Cluster(fleet, solo),
+                                              stage_slots(slots, top), top * args.budget,
+                                              top * args.per_daemon))
+    finally:
+        fleet.stop_all()
+        CLEANUP()
+    for r in results:
+        r.exit_codes = [fleet.codes.get(i) for i in r.indices]
+
+    one = next(r for r in results if r.label == "federated 1")
+    base = one.rps
+    console.print(results_table(
+        f"federation: one front, {args.per_daemon} code rollouts per daemon, {args.budget:g} core "
+        f"and {'/'.join(map(str, per))} slots per budget; scripted backend (TEST DOUBLE, "
+        f"{args.latency_s:g} s a turn); bwrap; network {net.mode}; {cpus} CPUs", results, one))
+    console.print(cpu_table("CPU over each burst", results))
+    sources = {r.work_source for r in results}
+    console.print(
+        "rollouts/s: rollouts / (first submit to last result); eff = rps / (budgets x rps of one "
+        "federated daemon), budgets = a run's cores / one daemon's (N, also for the control of N); ok: completed with reward 1. p50/p99: submit to result, as the client "
+        f"sees it. work per daemon: rollouts each daemon ran, from {' and '.join(sorted(sources))}; "
+        "busiest/mean of it. CPU s: each daemon's cgroup over the burst (its sandboxes and tools "
+        "included); % of budget: that over (budget x burst time); idle: the same over "
+        f"{IDLE_S:g} s before the burst, with nothing submitted (gossip, health checks); throttled: time the quota held "
+        "them back; daemon process: the rolloutd process alone. Other load: CPU the rest of the "
+        "machine used meanwhile (not these daemons, not this client), in cores; steal: taken by "
+        "the hypervisor.")
+    for r in results:
+        if r.warmup_failures:
+            console.print(f"[red]{r.label}: {r.warmup_failures} warm-up rollouts did not complete with reward 1")
+        if r.failures:
+            console.print(f"[red]{r.label}: {len(r.failures)} of {r.rollouts} rollouts did not "
+                          "complete with reward 1; first ones:")
+            for o in r.failures[:5]:
+                console.print(f"  [red]{o.status} reward={o.reward} node={o.node} {o.error}")
+        if any(c != 0 for c in r.exit_codes):
+            console.print(f"[red]{r.label}: daemon exit codes {r.exit_codes}")
+    console.print(f"total time: {(time.perf_counter() - started) / 60:.1f} min")
+
+    by_label = {r.label: r for r in results}
+
+    def fed(n: int) -> Result | None:
+        return by_label.get(f"federated {n}")
+
+    def fmt(x: float | None) -> str:
+        return "nan" if x is None or math.isnan(x) else f"{x:.3f}"
+
+    def eff(n: int) -> float | None:
+        r = fed(n)
+        return r.rps / (n * base) if r else None
+
+    r8 = fed(8)
+    control = next((r for r in results if r.label.startswith("control")), None)
+    vs_control = r8.rps / control.rps if r8 and control and top == 8 else None
+    print(f"RESULT eff_2={fmt(eff(2))} eff_4={fmt(eff(4))} eff_8={fmt(eff(8))} "
+          f"vs_control_8={fmt(vs_control)} tail_ratio_8={fmt(r8.tail_ratio if r8 else None)}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
+    p.add_argument("--sizes", default="1,2,4,8", help="federation sizes, growing (the first must be 1)")
+    p.add_argument("--budget", type=float, default=0.2, help="CPU cores per daemon (cgroup quota)")
+    p.add_argument("--per-daemon", type=int, default=16, help="rollouts per daemon in each burst")
+    p.add_argument("--sweep", default="1,2,3,4",
+                   help="RUN slot counts for one daemon's saturation sweep ('' skips it: --slots)")
+    p.add_argument("--slots", type=int, default=2, help="RUN slots per daemon when --sweep is ''")
+    p.add_argument("--knee", type=float, default=0.05,
+                   help="saturation: the fewest slots within this fraction of the sweep's best")
+    p.add_argument("--latency-s", type=float, default=0.4, help="the scripted backend's latency per turn")
+    p.add_argument("--no-control", action="store_true", help="skip the one-daemon control")
+    p.add_argument("--stealing", choices=("default", "on", "off"), default="default",
+                   help="work_stealing in the daemons' config: the daemon's default (off), on or off")
+    p.add_argument("--gossip-interval-s", type=float, default=None,
+                   help="the daemons' gossip interval (default: the daemon's default)")
+    p.add_argument("--burst-timeout-s", type=float, default=180,
+                   help="a burst's results that have not arrived by then count as failures")
+    p.add_argument("--net", choices=["auto", "netns", "loopback"], default="auto")
+    return p.parse_args(argv)
+
+
+def _interrupted(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(KeyboardInterrupt)[1] is None
+    return isinstance(exc, KeyboardInterrupt)
 
 
 if __name__ == "__main__":
-    trio.run(main)
+    arguments = parse_args()
+    try:
+        trio.run(main, arguments)
+    except BaseException as exc:
+        if not _interrupted(exc):
+            raise
+        CLEANUP()
+        console.print(f"[yellow]interrupted ({exc!r}); daemons, cgroups and namespaces removed")
+        sys.exit(130)
+    finally:  # also on a crash: nothing of ours is left
+        CLEANUP()
