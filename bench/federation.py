@@ -88,6 +88,8 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
+from rolloutd.sandbox._limits import _own_cgroups  # this process's cgroup per controller
+
 ROLLOUTD = Path(sys.executable).with_name("rolloutd")
 SUBMITTERS = 16
 STREAM_CHUNK = 64
@@ -188,14 +190,6 @@ def _write(path: Path, value: str) -> None:
     path.write_text(value)
 
 
-def _own_cgroups() -> dict[str, str]:
-    found: dict[str, str] = {}
-    with open("/proc/self/cgroup") as f:
-        for line in f:
-            _, controllers, path = line.rstrip("\n").split(":", 2)
-            for name in controllers.split(",") if controllers else [""]:
-                found[name] = path
-    return found
 
 
 class Budgets:
