@@ -69,6 +69,13 @@ async def forwarder(nursery) -> Forwarder:
     return fwd
 
 
+def meet(fwd: Forwarder, peer: Peer) -> None:
+    """The front learns of the peer as alive (as gossip would tell it)."""
+    record = peer.member.record()
+    record["incarnation"] = record["heartbeat"] = 1
+    fwd.federation.handle_gossip({"members": [record]})
+
+
 def closed_port() -> int:
     import socket
 
@@ -150,9 +157,7 @@ async def test_a_peer_that_does_not_know_a_forwarded_id_never_got_it(nursery):
     fwd = await forwarder(nursery)
     peer = Peer("answer", 202, {"group_id": "g-1", "ids": ["x", "y"]})
     await nursery.start(peer.serve)
-    record = peer.member.record()
-    record["incarnation"] = record["heartbeat"] = 1
-    fwd.federation.handle_gossip({"members": [record]})  # the front knows the peer as alive
+    meet(fwd, peer)
     answer = await fwd.submit(peer.member, BODY, 2, wait=False)
     assert answer.status == 202
     [job_id, _] = fwd.live.jobs_on("peer")
@@ -169,9 +174,7 @@ async def test_a_peer_answer_that_arrives_after_the_peer_was_declared_dead_does_
     fwd = await forwarder(nursery)
     peer = Peer("answer", 202, {"group_id": "g-1", "ids": []})
     await nursery.start(peer.serve)
-    record = peer.member.record()
-    record["incarnation"] = record["heartbeat"] = 1
-    fwd.federation.handle_gossip({"members": [record]})
+    meet(fwd, peer)
     await fwd.submit(peer.member, BODY, 2, wait=False)
     [job_id, _] = fwd.live.jobs_on("peer")
     peer.status, peer.body, peer.gate = 200, {"id": job_id, "status": "completed"}, trio.Event()
@@ -203,9 +206,7 @@ async def test_a_result_the_peers_stream_never_delivers_still_arrives_by_lookup(
     fwd = await forwarder(nursery)
     peer = Peer("answer", 202, {"group_id": "g-1", "ids": []})
     await nursery.start(peer.serve)
-    record = peer.member.record()
-    record["incarnation"] = record["heartbeat"] = 1
-    fwd.federation.handle_gossip({"members": [record]})
+    meet(fwd, peer)
     await fwd.submit(peer.member, BODY, 2, wait=False)
     ids = fwd.live.jobs_on("peer")
     peer.hang_streams = True
