@@ -33,7 +33,7 @@ import trio
 
 from ._child import ChildProcess
 from ._exceptions import SandboxClosed, SandboxStartError
-from ._helper import kill_marked
+from ._helper import LIFELINE_FD, kill_marked
 from ._launcher import Launcher
 from ._layout import Layout, SandboxDirs, kill_recorded, mounts_under
 from ._limits import Cgroup, LimitPlan, Limits
@@ -221,7 +221,8 @@ class Backend:
                    "rlimits": self._helper_rlimits(handle.plan),
                    "sys_path": [str(self.layout.lib_dir())],
                    "lifetime_s": spec.lifetime_s,
-                   "parent_death": os.getpid() if self._parent_death() else 0}
+                   "parent_death": os.getpid() if self._parent_death() else 0,
+                   "lifeline": LIFELINE_FD}
             _write_private(dirs.control / CONFIG_NAME, json.dumps(cfg).encode())
             if handle.launcher is None:
                 if self.spares:

@@ -17,7 +17,7 @@ without the flag are closed).
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import trio
 
@@ -37,11 +37,13 @@ class ChildProcess:
 
     @classmethod
     def spawn(cls, argv: Sequence[str], *, env: dict[str, str], stderr: int,
-              blocked: Collection[int] = ()) -> ChildProcess:
+              blocked: Collection[int] = (), pass_fds: Mapping[int, int] | None = None,
+              ) -> ChildProcess:
         """Start ``argv`` now, on the calling (event-loop) thread (a vfork and an exec): a
         new session, every signal at its default and none blocked but ``blocked``, stdin
         and stdout on pipes (their other ends are ``stdin`` and ``stdout``), stderr on
-        ``stderr``."""
+        ``stderr``, and each fd of ``pass_fds`` ({child fd: ours}, above 2, ours not
+        equal to the child's) at its place."""
         in_r, in_w = os.pipe2(os.O_CLOEXEC)
         try:
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
@@ -52,6 +54,7 @@ class ChildProcess:
         actions: list[tuple[int, ...]] = [(os.POSIX_SPAWN_DUP2, fd, target)
                                           for target, fd in ((0, in_r), (1, out_w), (2, stderr))]
         actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable_fds()]
+        actions += [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in (pass_fds or {}).items()]
         try:
             pid = os.posix_spawn(argv[0], list(argv), env, file_actions=actions, setsid=True,
                                  setsigmask=tuple(blocked), setsigdef=RESET_SIGNALS)

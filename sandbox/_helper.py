@@ -63,6 +63,10 @@ KEEP_EXITED = 4096
 #: exits 1 (an uncaught exception, a parent gone at start), 2 or 120; bwrap 1 on its own
 #: errors; a signal shows as negative, or as 128 + its number through bwrap.
 LIFETIME_EXIT = 3
+#: Where the helper finds the daemon's lifeline (sandbox/_lifeline.py): the read end of a
+#: pipe that hangs up when the daemon dies.
+LIFELINE_FD = 3
+S_IFMT, S_IFIFO = 0o170000, 0o010000
 
 
 class Codec:
@@ -424,11 +428,28 @@ class Helper:
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
         own_signals(lambda *_: None)
         self.sel.register(self.wake_r, READ, ("wake", None))
+        self.watch_lifeline()
         os.write(1, f"READY {os.getpid()}\n".encode())
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 1)
         os.close(null)
         self.protect()  # after READY (off the open's path), before any sandbox process exists
+
+    def watch_lifeline(self) -> None:
+        """Watch the daemon's lifeline (``cfg["lifeline"]``, an fd we inherited): its hang-up
+        means the daemon is gone, even one that died before we started. Kept from what we
+        spawn. A backend that could not pass it on (Apptainer may not) leaves the helper to
+        its parent-death signal and lifetime, with a warning."""
+        fd = self.cfg.get("lifeline")
+        if fd is None:
+            return
+        try:
+            if os.fstat(fd).st_mode & S_IFMT != S_IFIFO:
+                raise OSError(errno.EBADF, "not a pipe")
+            os.set_inheritable(fd, False)
+            self.sel.register(fd, READ, ("lifeline", None))
+        except OSError as exc:
+            warn(f"no lifeline on fd {fd}: {exc}")
 
     def protect(self) -> None:
         """What no process of the sandbox may do to the helper. Not dumpable: tracing it,
@@ -498,6 +519,9 @@ class Helper:
                     self.on_pipe(obj, fd)
                 elif kind == "stdin":
                     self.on_stdin(obj)
+                elif kind == "lifeline":
+                    warn("the daemon is gone; killing everything")
+                    self.stopping = True
             self.reap()
             self.check_runs()
             if self.expires is not None and time.monotonic() >= self.expires:

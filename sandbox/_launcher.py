@@ -16,7 +16,8 @@ unless cgroupfs is mounted with ``favordynmods``). A backend keeps ``spares`` la
 each with its sandbox dirs and cgroup reserved, so that wait is paid before the request
 arrives; with none parked, one is started on demand and the wait is in the open, as before.
 
-If the daemon dies, a parked launcher reads EOF and exits, and the next daemon's sweep
+Every launcher holds the daemon's lifeline (_lifeline.py) as fd 3, for the helper it
+becomes. If the daemon dies, a parked launcher reads EOF and exits, and the next daemon's sweep
 removes its reserved dirs and cgroup like a sandbox's (by their free lock). A spare that
 died meanwhile is discarded at the next open.
 """
@@ -33,7 +34,9 @@ from pathlib import Path
 
 import trio
 
+from . import _lifeline as lifeline
 from ._child import ChildProcess
+from ._helper import LIFELINE_FD
 from ._layout import SandboxDirs
 
 GO = b"go\n"
@@ -88,7 +91,8 @@ class Launcher:
         log_r, log_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         try:
             process = ChildProcess.spawn(launcher_argv(procs, command, dirs.root), env=env,
-                                         stderr=log_w, blocked=DRAIN_SIGNALS)
+                                         stderr=log_w, blocked=DRAIN_SIGNALS,
+                                         pass_fds={LIFELINE_FD: lifeline.read_end()})
         except BaseException:
             os.close(log_r)
             raise

@@ -3,7 +3,7 @@ tests.sandbox._signal_probe STATE_DIR BOOT_ID``, started with signals blocked an
 opens a local and a bwrap sandbox as the daemon does and prints, as one JSON object per
 backend, the signal state of each process of the sandbox and how a command answers SIGINT.
 With ``hold`` it keeps a sandbox of each open after SIGTERM to their host processes, to be
-SIGKILLed."""
+SIGKILLed; with ``die-on-go BACKEND`` it kills itself while a sandbox starts."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import trio
 
 from rolloutd.sandbox import SandboxSpec, open_backend
 from rolloutd.sandbox._backend import first_child
+from rolloutd.sandbox._launcher import Launcher
 
 #: What a command prints: its pid, then its own signal masks (an exec'd grep reads them:
 #: dash blocks every signal while it waits for a child).
@@ -100,10 +101,29 @@ async def hold(state_dir: Path, boot_id: str) -> None:
         await trio.sleep_forever()
 
 
+async def die_on_go(name: str, state_dir: Path, boot_id: str) -> None:
+    """Open a sandbox and die (SIGKILL) the moment its launcher is told to go: before bwrap
+    or the helper could have set a parent-death signal (the test checks nothing of the
+    sandbox outlives this process)."""
+    go = Launcher.go
+
+    async def go_and_die(self: Launcher, data: bytes = b"") -> None:
+        await go(self, data)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    Launcher.go = go_and_die  # type: ignore[method-assign]
+    backend = open_backend(name, state_dir=state_dir, boot_id=boot_id, check=True)
+    async with backend.open(SandboxSpec()):
+        raise AssertionError("the sandbox opened: the stand-in daemon should be dead")
+
+
 async def main() -> None:
     state_dir, boot_id = Path(sys.argv[1]), sys.argv[2]
     if sys.argv[3:] == ["hold"]:
         await hold(state_dir, boot_id)
+        return
+    if sys.argv[3:4] == ["die-on-go"]:
+        await die_on_go(sys.argv[4], state_dir, boot_id)
         return
     for name in ("local", "bwrap"):
         print(json.dumps(await probe(name, state_dir, boot_id)), flush=True)

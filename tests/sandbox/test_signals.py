@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from rolloutd.sandbox import SandboxSpec, _backend, _helper, open_backend
+from rolloutd.sandbox import SandboxSpec, _backend, _helper, _lifeline, open_backend
 
 from ._signal_probe import host_pids
 from .conftest import marked_pids
@@ -111,6 +111,70 @@ async def test_sandboxes_that_ignored_sigterm_still_die_with_the_daemon(state_di
     sweeper = open_backend("local", state_dir=state_dir, boot_id=boot_id + "x")
     assert await sweeper.sweep() == 2
     assert marked_pids(leak_check.tag) == []
+
+
+def mentioning(text: str) -> list[str]:
+    """The command lines of live processes that mention ``text``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                cmdline = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if text in cmdline and alive(int(name)):
+                found.append(f"{name}: {cmdline[:200]}")
+    return found
+
+
+@pytest.mark.parametrize("name", ["bwrap", "local"])
+async def test_a_sandbox_starting_when_the_daemon_dies_dies_too(name, state_dir, boot_id,
+                                                                leak_check):
+    """A stand-in daemon SIGKILLed the moment it lets a launcher go, before bwrap (outside
+    and in the namespace) or the helper set their parent-death signals: the sandbox still
+    ends, by the daemon's lifeline (the helper sees its pipe hang up). The parent-death
+    signal alone left bwrap and the helper running for good (the chaos test met it)."""
+    argv = [sys.executable, "-m", "tests.sandbox._signal_probe", str(state_dir), boot_id,
+            "die-on-go", name]
+    with trio.fail_after(60):
+        done = await trio.run_process(argv, cwd=REPO, capture_stdout=True, capture_stderr=True,
+                                      check=False, stdin=subprocess.DEVNULL)
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-3000:]
+    with trio.move_on_after(10):
+        while mentioning(str(state_dir)):
+            await trio.sleep(0.05)
+    left = mentioning(str(state_dir))
+    for line in left:  # not left to the next test
+        os.kill(int(line.split(":")[0]), signal.SIGKILL)
+    assert left == []
+    sweeper = open_backend(name, state_dir=state_dir, boot_id=boot_id + "x")
+    await sweeper.sweep()
+
+
+@pytest.mark.parametrize("name", ["bwrap", "local"])
+async def test_a_helper_whose_lifeline_hangs_up_ends_its_sandbox(name, state_dir, boot_id,
+                                                                 leak_check):
+    """The daemon's lifeline hangs up (here its write end is closed by hand, as the kernel
+    closes it when the daemon dies): the helper kills every process of the sandbox and
+    exits, though its parent lives on (so no parent-death signal could have told it)."""
+    backend = open_backend(name, state_dir=state_dir, boot_id=boot_id, check=True)
+    read, write = _lifeline._fds
+    async with backend.open(SandboxSpec()) as sb:
+        launcher, helper = host_pids(sb)
+        await (await sb.spawn(["sleep", "300"])).aclose()
+        assert len(marked_pids(leak_check.tag)) == 1
+        new_read, new_write = os.pipe2(os.O_CLOEXEC)  # to put back, at the same fds
+        os.close(write)
+        try:
+            with trio.fail_after(10):
+                while alive(helper) or marked_pids(leak_check.tag):
+                    await trio.sleep(0.05)
+        finally:
+            os.dup2(new_read, read, inheritable=False)
+            os.dup2(new_write, write, inheritable=False)
+            os.close(new_read)
+            os.close(new_write)
+    assert not alive(launcher)
 
 
 # ----- a daemon started with signals blocked or ignored ------------------------------
