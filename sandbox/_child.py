@@ -10,8 +10,8 @@ the event loop ties the signal to the daemon's lifetime, which is what we want.
 signal mask and ignored signals (a daemon started by a process that blocked SIGINT, or under
 ``nohup``, would hand them to bwrap and the helper). Here the child starts with every
 signal at its default and none blocked but those the caller names, in a session of its
-own, with only fds 0-2 open (the daemon's own fds are close-on-exec; those it inherited
-without the flag are closed).
+own, with only fds 0-2 open and those the caller passes (the daemon's own fds are
+close-on-exec; those it inherited without the flag are closed).
 """
 
 from __future__ import annotations
