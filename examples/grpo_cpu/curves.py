@@ -2,6 +2,7 @@
 
     python examples/grpo_cpu/curves.py --out runs/curves                 # 3 seeds + controls
     python examples/grpo_cpu/curves.py --out runs/curves --repeat 0      # + seed 0 run again
+    python examples/grpo_cpu/curves.py --out runs/more --resume runs/curves/curves.csv
 
 Runs ``train.py`` once per seed with the default learning rate, and once per control seed with
 ``--lr 0`` (the same tasks and the same seeded sampling, weights never updated), one run after
@@ -10,6 +11,8 @@ second time and compares the two runs sample by sample (token sequences, rewards
 how reproducible a run is. Writes ``OUT/curves.csv`` (one row per run and step),
 ``OUT/curves.png`` (mean reward per step over the seeds, trained against control, with the
 range over seeds) and prints a table; each run's own output is under ``OUT/<run>/``.
+``--resume CSV`` completes a series that was cut short: the runs that CSV (an earlier
+``curves.csv``) already has are taken from it, not run again.
 """
 
 from __future__ import annotations
@@ -54,6 +57,17 @@ def compare(a: Path, b: Path) -> dict[str, Any]:
             "only_in_one": len(set(sa) ^ set(sb))}
 
 
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of an earlier ``curves.csv``, with their numbers as numbers."""
+    with open(path, newline="") as f:
+        rows: list[dict[str, Any]] = list(csv.DictReader(f))
+    for r in rows:
+        for key, value in r.items():
+            if key != "run" and value not in ("", None):
+                r[key] = float(value) if any(c in value for c in ".en") else int(value)
+    return rows
+
+
 def mean_band(rows: list[dict[str, Any]], runs: list[str], steps: int) -> list[tuple[float, float, float]]:
     out = []
     for step in range(steps):
@@ -94,10 +108,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--control-seeds", type=int, nargs="*", default=None, help="default: --seeds")
     p.add_argument("--repeat", type=int, default=None, help="run this trained seed twice")
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--resume", type=Path, default=None,
+                   help="an earlier curves.csv: its runs are kept, not run again")
     args, rest = p.parse_known_args(argv)  # the rest goes to train.py
     controls = args.seeds if args.control_seeds is None else args.control_seeds
     extra = ["--steps", str(args.steps), *rest]
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = read_rows(args.resume) if args.resume else []
+    args.out.mkdir(parents=True, exist_ok=True)
     trained = [f"seed{s}" for s in args.seeds]
     control = [f"control{s}" for s in controls]
     fields = ["run", "seed", "step", "mean_reward", "samples", "kept_groups", "loss", "rollout_s",
@@ -119,11 +136,15 @@ def main(argv: list[str] | None = None) -> None:
     plan += [(f"control{s}", s, [*extra, "--lr", "0"]) for s in controls[:1]]
     plan += [(f"seed{s}", s, extra) for s in args.seeds[1:]]
     plan += [(f"control{s}", s, [*extra, "--lr", "0"]) for s in controls[1:]]
+    done = {r["run"] for r in rows}
     for name, seed, run_args in plan:
+        if name in done:
+            print(f"== {name}: from {args.resume}", flush=True)
+            continue
         rows += run(args.out, name, seed, run_args)
         save()
     repeat = None
-    if args.repeat is not None:
+    if args.repeat is not None and f"seed{args.repeat}-again" not in done:
         repeat = compare(args.out / f"seed{args.repeat}", args.out / f"seed{args.repeat}-again")
 
     def early_late(name: str) -> tuple[float, float, float]:
