@@ -227,8 +227,16 @@ class Forwarder:
             self.lose(job_id, member.node_id, f"peer {member.node_id} does not know this rollout: "
                        "the forwarded request never reached it (it was not re-run elsewhere)")
             return self._lost[job_id].model_dump(mode="json")
-        data: dict[str, Any] = resp.json()
-        if resp.is_success and Status(data["status"]).terminal:
+        try:
+            data: dict[str, Any] = resp.json()
+        except ValueError:
+            data = {"error": {"message": resp.text[:300]}}
+        if not resp.is_success:
+            # An error of the peer's (a 503 from a peer that asks a third one, a 404 for a
+            # rollout it no longer holds) is no trajectory: the client hears a 503 and asks again.
+            raise PeerUnavailable(f"{member.node_id} holds {job_id} and answered {resp.status_code}: "
+                                  f"{_error_message(data)}")
+        if Status(data["status"]).terminal:
             self.live.discard(job_id)
         return data
 
@@ -368,3 +376,11 @@ class Forwarder:
         if node_id is None:
             raise PeerUnavailable(f"no peer is known to hold {job_id} any more")
         return self._member(node_id)
+
+
+def _error_message(body: Any) -> str:
+    """The message of an error body (``{"error": {"message": ...}}``), else the body itself."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return error["message"]
+    return json.dumps(body)[:300]

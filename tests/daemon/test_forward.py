@@ -225,3 +225,41 @@ async def test_a_result_the_peers_stream_never_delivers_still_arrives_by_lookup(
         while not lines:
             await trio.sleep(0.05)
     assert lines == [{"id": ids[0], "status": "completed"}]
+
+
+@pytest.mark.parametrize("status", [500, 503])
+async def test_an_error_answer_of_the_peer_is_unavailable_never_a_trajectory(nursery, status):
+    """CI's chaos test once read a 200 without ``status`` from the front: the peer's own
+    error body had been relayed as if it were the trajectory."""
+    fwd = await forwarder(nursery)
+    peer = Peer("answer", 202, {"group_id": "g-1", "ids": []})
+    await nursery.start(peer.serve)
+    meet(fwd, peer)
+    await fwd.submit(peer.member, BODY, 2, wait=False)
+    [job_id, _] = fwd.live.jobs_on("peer")
+    peer.status, peer.body = status, {"error": {"type": "unavailable", "message": "ask again"}}
+    with pytest.raises(PeerUnavailable, match=f"answered {status}: ask again"):
+        await fwd.get(job_id)
+    assert job_id in fwd.live  # still the peer's: nothing was decided
+    peer.status, peer.body = 200, {"id": job_id, "status": "completed"}
+    assert (await fwd.get(job_id))["status"] == "completed"
+    assert job_id not in fwd.live
+
+
+async def test_a_relay_whose_lookups_meet_errors_goes_on_until_the_result(nursery, autojump_clock):
+    fwd = await forwarder(nursery)
+    peer = Peer("answer", 202, {"group_id": "g-1", "ids": []})
+    await nursery.start(peer.serve)
+    meet(fwd, peer)
+    await fwd.submit(peer.member, BODY, 2, wait=False)
+    ids = fwd.live.jobs_on("peer")
+    peer.hang_streams = True
+    peer.status, peer.body = 503, {"error": {"type": "unavailable", "message": "busy"}}
+    send, recv = trio.open_memory_channel[str](2)
+    nursery.start_soon(fwd.relay, "peer", ids[:1], send)
+    with trio.move_on_after(30):
+        while len(peer.requests) < 4:  # the submit, the stream, and lookups answered 503
+            await trio.sleep(0.5)
+    peer.status, peer.body = 200, {"id": ids[0], "status": "completed"}
+    with trio.fail_after(30), recv:
+        assert json.loads(await recv.receive()) == {"id": ids[0], "status": "completed"}

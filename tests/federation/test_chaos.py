@@ -219,6 +219,7 @@ async def submit_and_poll(http: httpx.AsyncClient, front: str, run: Run, deadlin
                 continue
             assert resp.status_code == 200, f"GET {job_id} answered {resp.status_code}: {resp.text[:500]}"
             traj = resp.json()
+            assert "status" in traj, f"GET {job_id} answered 200 without a status: {resp.text[:500]}"
             if traj["status"] in TERMINAL:
                 run.first[job_id] = traj
                 break
