@@ -88,6 +88,8 @@ class Settings(BaseModel):
     sandbox_memory_mb: int | None = Field(2048, ge=16)
     sandbox_pids_max: int | None = Field(512, ge=8)
     sandbox_cpu_cores: float | None = Field(None, gt=0)
+    #: all sandboxes together weigh this much against the daemon's process for CPU
+    sandbox_cpu_weight: float | None = Field(0.125, gt=0, le=100)
     sandbox_disk_mb: int | None = Field(None, ge=16)
     sandbox_tmpfs_mb: int | None = Field(None, ge=1)
     sandbox_lifetime_buffer_s: float = Field(120.0, ge=0)

@@ -366,7 +366,8 @@ class Node:
 
     def _sandbox_options(self) -> dict[str, Any]:
         s = self.settings
-        options: dict[str, Any] = {"spares": s.sandbox_spares, "images": self.images.store}
+        options: dict[str, Any] = {"spares": s.sandbox_spares, "images": self.images.store,
+                                   "cpu_weight": s.sandbox_cpu_weight}
         if s.sandbox_backend == "bwrap" and s.bwrap_binary:
             options["bwrap"] = s.bwrap_binary
         if s.sandbox_backend == "apptainer":

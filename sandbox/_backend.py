@@ -81,7 +81,9 @@ class Backend:
     """Base of the three backends. Options (all keyword, all optional):
 
     limits: "auto" | "cgroup-v2" | "cgroup-v1" | "rlimit"; cgroup_v2_root: a delegated
-    v2 subtree; helper_python: interpreter for the helper (bwrap, local);
+    v2 subtree; cpu_weight: the CPU weight of all sandboxes together, relative to one
+    process's default (cgroup ``cpu.shares`` 1024 / ``cpu.weight`` 100; None leaves it);
+    helper_python: interpreter for the helper (bwrap, local);
     start_timeout_s, teardown_timeout_s; env_allow: host variables passed through;
     spares: launchers kept parked in fresh cgroups (bwrap, local; see _launcher.py), so an
     open does not wait for the kernel to move a process into a cgroup (default 0; the
@@ -95,13 +97,14 @@ class Backend:
     parkable: ClassVar[bool] = True
 
     def __init__(self, *, state_dir: Path | str, boot_id: str, limits: str = "auto",
-                 cgroup_v2_root: str | None = None, helper_python: str | None = None,
+                 cgroup_v2_root: str | None = None, cpu_weight: float | None = None,
+                 helper_python: str | None = None,
                  start_timeout_s: float = 15.0, teardown_timeout_s: float = 5.0,
                  env_allow: tuple[str, ...] = ENV_ALLOW, spares: int = 0,
                  **options: Any) -> None:
         self.helper_python = helper_python or default_helper_python()
         self.layout = Layout(state_dir, boot_id, python=self.helper_python)
-        self.limits = Limits(limits, cgroup_v2_root)
+        self.limits = Limits(limits, cgroup_v2_root, cpu_weight)
         self.start_timeout_s = start_timeout_s
         self.teardown_timeout_s = teardown_timeout_s
         self.env_allow = tuple(env_allow)
@@ -410,7 +413,8 @@ class Backend:
                 "closed": self.closed, "start_failures": self.start_failures,
                 "spares": len(self._spares), "spare_hits": self.spare_hits,
                 "spare_misses": self.spare_misses,
-                "limits_mechanism": self.limits.kind, "isolated": self.isolated}
+                "limits_mechanism": self.limits.kind, "cpu_weight": self.limits.cpu_weight_setting,
+                "isolated": self.isolated}
 
 
 def _write_private(path: Path, data: bytes) -> None:

@@ -162,10 +162,15 @@ class Limits:
     "cgroup-v1", or "rlimit". ``v2_root`` names a delegated v2 subtree explicitly.
     """
 
-    def __init__(self, mode: str = "auto", v2_root: str | Path | None = None) -> None:
+    def __init__(self, mode: str = "auto", v2_root: str | Path | None = None,
+                 cpu_weight: float | None = None) -> None:
         if mode not in ("auto", "cgroup-v2", "cgroup-v1", "rlimit"):
             raise SandboxStartError(f"unknown limits mode {mode!r}")
+        if cpu_weight is not None and not 0 < cpu_weight <= 100:
+            raise SandboxStartError(f"cpu_weight must be in (0, 100], not {cpu_weight!r}")
         self.mode = mode
+        #: what the sandboxes' common cgroup got (``cpu.shares=128``), None where nothing was set
+        self.cpu_weight_setting: str | None = None
         self.v2_root: Path | None = None
         self.v1_roots: dict[str, Path] = {}
         self.kind = "rlimit"
@@ -180,6 +185,25 @@ class Limits:
         if mode != "auto" and self.kind != mode:
             raise SandboxStartError(f"limits mode {mode!r} requested but not available here "
                                     f"(no writable {mode} hierarchy)")
+        if cpu_weight is not None:
+            self._weigh(cpu_weight)
+
+    def _weigh(self, cpu_weight: float) -> None:
+        """Give all sandboxes together ``cpu_weight`` times a process's default CPU weight:
+        their common cgroup competes with the daemon's own process as one entity, so under
+        contention the daemon (API, gossip, agent loop) gets its share first."""
+        if self.kind == "cgroup-v2" and self.v2_root is not None:
+            path, value = self.v2_root / "cpu.weight", f"{min(10000, max(1, round(100 * cpu_weight)))}"
+        elif self.kind == "cgroup-v1" and "cpu" in self.v1_roots:
+            path, value = self.v1_roots["cpu"] / "cpu.shares", f"{max(2, round(1024 * cpu_weight))}"
+        else:
+            return
+        try:
+            _write(path, value)
+        except OSError as exc:
+            log.info("cannot set the sandboxes' CPU weight (%s): %s", path, exc)
+            return
+        self.cpu_weight_setting = f"{path.name}={value}"
 
     def _detect_v2(self, explicit: Path | None) -> Path | None:
         if explicit is not None:
