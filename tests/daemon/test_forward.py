@@ -76,6 +76,16 @@ def meet(fwd: Forwarder, peer: Peer) -> None:
     fwd.federation.handle_gossip({"members": [record]})
 
 
+async def forwarded(nursery) -> tuple[Forwarder, Peer]:
+    """A front that forwarded two rollouts (BODY) to a live peer that took them (202)."""
+    fwd = await forwarder(nursery)
+    peer = Peer("answer", 202, {"group_id": "g-1", "ids": []})
+    await nursery.start(peer.serve)
+    meet(fwd, peer)
+    await fwd.submit(peer.member, BODY, 2, wait=False)
+    return fwd, peer
+
+
 def closed_port() -> int:
     import socket
 
@@ -171,11 +181,7 @@ async def test_a_peer_answer_that_arrives_after_the_peer_was_declared_dead_does_
     """A lookup in flight across a partition: the peer is declared dead (its rollouts
     peer_lost), then the partition heals and the peer's late 'completed' arrives. The first
     terminal answer stands: a trainer never sees two final statuses for one id."""
-    fwd = await forwarder(nursery)
-    peer = Peer("answer", 202, {"group_id": "g-1", "ids": []})
-    await nursery.start(peer.serve)
-    meet(fwd, peer)
-    await fwd.submit(peer.member, BODY, 2, wait=False)
+    fwd, peer = await forwarded(nursery)
     [job_id, _] = fwd.live.jobs_on("peer")
     peer.status, peer.body, peer.gate = 200, {"id": job_id, "status": "completed"}, trio.Event()
     answers = []
@@ -203,11 +209,7 @@ async def test_a_result_the_peers_stream_never_delivers_still_arrives_by_lookup(
     stays open and silent, the missing ids are looked up every SWEEP_S."""
     from rolloutd.daemon import forward
 
-    fwd = await forwarder(nursery)
-    peer = Peer("answer", 202, {"group_id": "g-1", "ids": []})
-    await nursery.start(peer.serve)
-    meet(fwd, peer)
-    await fwd.submit(peer.member, BODY, 2, wait=False)
+    fwd, peer = await forwarded(nursery)
     ids = fwd.live.jobs_on("peer")
     peer.hang_streams = True
     send, recv = trio.open_memory_channel[str](2)
@@ -231,11 +233,7 @@ async def test_a_result_the_peers_stream_never_delivers_still_arrives_by_lookup(
 async def test_an_error_answer_of_the_peer_is_unavailable_never_a_trajectory(nursery, status):
     """CI's chaos test once read a 200 without ``status`` from the front: the peer's own
     error body had been relayed as if it were the trajectory."""
-    fwd = await forwarder(nursery)
-    peer = Peer("answer", 202, {"group_id": "g-1", "ids": []})
-    await nursery.start(peer.serve)
-    meet(fwd, peer)
-    await fwd.submit(peer.member, BODY, 2, wait=False)
+    fwd, peer = await forwarded(nursery)
     [job_id, _] = fwd.live.jobs_on("peer")
     peer.status, peer.body = status, {"error": {"type": "unavailable", "message": "ask again"}}
     with pytest.raises(PeerUnavailable, match=f"answered {status}: ask again"):
@@ -246,20 +244,19 @@ async def test_an_error_answer_of_the_peer_is_unavailable_never_a_trajectory(nur
     assert job_id not in fwd.live
 
 
-async def test_a_relay_whose_lookups_meet_errors_goes_on_until_the_result(nursery, autojump_clock):
-    fwd = await forwarder(nursery)
-    peer = Peer("answer", 202, {"group_id": "g-1", "ids": []})
-    await nursery.start(peer.serve)
-    meet(fwd, peer)
-    await fwd.submit(peer.member, BODY, 2, wait=False)
+async def test_a_relay_whose_lookups_meet_errors_goes_on_until_the_result(nursery, monkeypatch):
+    from rolloutd.daemon import forward
+
+    monkeypatch.setattr(forward, "SWEEP_S", 0.2)
+    fwd, peer = await forwarded(nursery)
     ids = fwd.live.jobs_on("peer")
     peer.hang_streams = True
     peer.status, peer.body = 503, {"error": {"type": "unavailable", "message": "busy"}}
     send, recv = trio.open_memory_channel[str](2)
     nursery.start_soon(fwd.relay, "peer", ids[:1], send)
-    with trio.move_on_after(30):
+    with trio.fail_after(10):
         while len(peer.requests) < 4:  # the submit, the stream, and lookups answered 503
-            await trio.sleep(0.5)
+            await trio.sleep(0.05)
     peer.status, peer.body = 200, {"id": ids[0], "status": "completed"}
-    with trio.fail_after(30), recv:
+    with trio.fail_after(10), recv:
         assert json.loads(await recv.receive()) == {"id": ids[0], "status": "completed"}
