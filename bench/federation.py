@@ -523,7 +523,7 @@ class Fleet:
         self.stop(sorted(self.procs))
         ok = all(c == 0 for c in self.codes.values())
         if ok:
-            pass  # DEBUG keep
+            shutil.rmtree(self.workdir, ignore_errors=True)
         else:
             bad = {f"bench{i}": c for i, c in self.codes.items() if c != 0}
             console.print(f"[red]daemons that did not exit 0 after SIGTERM: {bad}; logs kept in {self.workdir}")
@@ -699,9 +699,6 @@ async def submit_all(http: httpx.AsyncClient, front: str, count: int, t0: float,
     return [i for i in ids if i is not None]
 
 
-DEBUG: list = []
-
-
 async def run_load(http: httpx.AsyncClient, front: str, count: int, timeout_s: float) -> list[Outcome]:
     """Submit ``count`` rollouts in chunks; stream each chunk's results through the front as
     soon as the chunk is in. Returns the outcomes in order of arrival; a rollout whose result
@@ -722,7 +719,6 @@ async def run_load(http: httpx.AsyncClient, front: str, count: int, timeout_s: f
                 traj = json.loads(line)
                 seen.add(traj["id"])
                 err = traj.get("error") or {}
-                DEBUG.append((arrived, traj["id"], sent.get(traj["id"], 0.0), traj.get("node_id"), traj.get("timing")))
                 outcomes.append(Outcome(
                     submitted=sent.get(traj["id"], 0.0), arrived=arrived, status=traj["status"],
                     reward=traj.get("reward"), node=traj.get("node_id"),
@@ -741,9 +737,6 @@ async def run_load(http: httpx.AsyncClient, front: str, count: int, timeout_s: f
                                     node=None, error=f"{job_id}: no result within {timeout_s:g} s"))
     if len(sent) < count:
         console.print(f"[red]only {len(sent)} of {count} rollouts were submitted within {timeout_s:g} s")
-    for row in sorted(DEBUG)[-6:]:
-        print("DEBUG last", row, "wall t0", t0)
-    DEBUG.clear()
     return sorted(outcomes, key=lambda o: o.arrived)
 
 
