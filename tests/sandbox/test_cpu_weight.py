@@ -88,8 +88,8 @@ async def _daemon_share(state_dir: Path, boot_id: str, weight: float | None) -> 
 @pytest.mark.slow
 async def test_under_contention_the_daemon_gets_its_share_first(state_dir, boot_id, leak_check):
     """Weight 0.125: the host side should get 1024/(1024+128) = 0.89 of the contended CPU;
-    without a weight, half. Wide margins: this VM has neighbours."""
+    at weight 1 (a process's own), half. Wide margins: this VM has neighbours."""
     weighted = await _daemon_share(state_dir, boot_id, 0.125)
-    equal = await _daemon_share(state_dir, boot_id + "e", None)
+    equal = await _daemon_share(state_dir, boot_id + "e", 1.0)
     assert weighted > 0.75, f"the host hog got {weighted:.2f} of the CPU against a 0.125 weight"
     assert equal < 0.65, f"the host hog got {equal:.2f} of the CPU against an equal weight"
