@@ -162,10 +162,12 @@ class Group:
     def finished(self) -> bool:
         return self.progress.pending == 0
 
-    def successor(self, carried_from: str) -> Group:
-        """The record of this group in the stream's next batch (same samples, same progress)."""
+    def successor(self, holder: str) -> Group:
+        """The record of this group in the stream's next batch (same samples, same progress),
+        handed on by the batch ``holder``. ``carried_from`` stays the batch that started the
+        group, however many batches it is carried through: ``index`` counts in its prompts."""
         return Group(index=self.index, group_id=self.group_id, task=self.task, jobs=self.jobs,
-                     progress=self.progress, carried_from=carried_from)
+                     progress=self.progress, carried_from=self.carried_from or holder)
 
     def duration_s(self) -> float:
         """The slowest sample's time from submission to its end."""

@@ -434,6 +434,27 @@ async def test_stream_carries_slow_groups_to_the_next_batch(start, autojump_cloc
     assert st["lengths"]["kept"]["groups"] == 2 and st["lengths"]["kept"]["mean_duration_s"] > 10
 
 
+async def test_a_group_carried_twice_names_the_batch_that_started_it(start, autojump_clock):
+    """A -> B -> C: the slow group of A outlives B too. C's record still says A (and A's
+    prompt index), so a trainer maps it to the right prompt (bench/sampling.py did not)."""
+    node = await start()
+    a = node.sampler.create(batch_req([mixed(), mixed(run_s=50, tag="slow")], stream="s",
+                                      keep=1, max_in_flight_groups=2))
+    assert [g.index for _, g in await collect(node, a)] == [0]
+    # (a batch's in-flight cap is at most its prompt count; a carried group takes a slot)
+    b = node.sampler.create(batch_req([mixed(tag="b0"), mixed(tag="b1")], stream="s",
+                                      keep=1, max_in_flight_groups=2))
+    kept_b = [(g.carried_from, g.task["tag"]) async for g in node.sampler.groups(b)]
+    assert kept_b == [(None, "b0")]
+    assert b.status()["carried_out"] == 1
+    c = node.sampler.create(batch_req([mixed(run_s=100)] * 2, stream="s", keep=1,
+                                      max_in_flight_groups=2, carry_over=False))
+    kept_c = [(g.carried_from, g.index, g.task["tag"], g.line()["carried_from"])
+              async for g in node.sampler.groups(c)]
+    assert kept_c == [(a.id, 1, "slow", a.id)]
+    assert trio.current_time() < 60
+
+
 async def test_a_stream_runs_one_batch_at_a_time(start, autojump_clock):
     from rolloutd.daemon.errors import StreamBusy
 
