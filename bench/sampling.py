@@ -24,7 +24,9 @@ the last measured batch carries over get their chance):
   with mixed rewards: those the filter would keep). 1.0 means no selection by length;
 - ``wasted_frac``: sample-seconds spent on groups never judged (cancelled, or kept beyond K by
   lock-step), over all sample-seconds spent, across all BATCHES + 1 batches. Groups filtered
-  for equal rewards are DAPO's own cost and not counted as waste (shown apart).
+  for equal rewards are DAPO's own cost and not counted as waste (shown apart);
+- for the carry loop, the eligible groups of the measured batches still running when the
+  stream ended (cancelled by the extra batch): how many, and how long.
 
 Ends with: RESULT kept_vs_offered_len=F wasted_frac=F speedup_vs_lockstep=F kept_groups=N tried_groups=N
 (of the carry loop, the default for trainers: ``speedup`` = lock-step time / carry time;
@@ -97,6 +99,7 @@ class Outcome:
     wait_s: float = 0.0  # time to K, over the measured batches
     offered: list[float] = field(default_factory=list)  # lengths of eligible groups started
     kept: list[float] = field(default_factory=list)  # lengths of the kept ones among them
+    cut: list[float] = field(default_factory=list)  # ... and of those the stream's end cancelled
     work_s: float = 0.0  # sample-seconds spent, all batches
     wasted_s: float = 0.0  # of which on groups never judged
     filtered_s: float = 0.0  # of which on groups filtered (equal rewards)
@@ -114,12 +117,13 @@ class Outcome:
 
 def account(out: Outcome, groups: list[tuple[int, Group, str]], measured: set[int]) -> None:
     """Fold the fate of every started group in: (batch number it started in, group, fate)
-    with fate one of kept / filtered / wasted."""
+    with fate one of kept / filtered / wasted / cut (wasted: still running when the stream's
+    last batch ended)."""
     for started_in, group, fate in groups:
         work = group.work_s()
         out.work_s += work
         out.tried += started_in in measured
-        if fate == "wasted":
+        if fate in ("wasted", "cut"):
             out.wasted_s += work
         elif fate == "filtered":
             out.filtered_s += work
@@ -130,6 +134,8 @@ def account(out: Outcome, groups: list[tuple[int, Group, str]], measured: set[in
             if fate == "kept":
                 out.kept.append(length(task))
                 out.kept_groups += 1
+            elif fate == "cut":
+                out.cut.append(length(task))
 
 
 async def run_lockstep(node: Node, prompts: list[dict[str, Any]]) -> Outcome:
@@ -184,6 +190,8 @@ async def run_async(node: Node, prompts: list[dict[str, Any]], *, stream: str | 
                 continue  # judged (or cancelled) by the batch that adopted it
             origin = number[group.carried_from] if group.carried_from else b
             fate = {GroupState.kept: "kept", GroupState.filtered: "filtered"}.get(group.state, "wasted")
+            if fate == "wasted" and stream is not None and b == BATCHES:
+                fate = "cut"  # the stream ends with this batch: nobody would judge it
             group.task = prompts[origin * PER_BATCH + group.index]
             fates.append((origin, group, fate))
     account(out, fates, set(range(BATCHES)))
@@ -235,6 +243,7 @@ async def main() -> None:
             out.wait_s += o.wait_s
             out.offered += o.offered
             out.kept += o.kept
+            out.cut += o.cut
             out.work_s += o.work_s
             out.wasted_s += o.wasted_s
             out.tried += o.tried
@@ -246,6 +255,12 @@ async def main() -> None:
         print(f"{name:>14}: time to K {o.wait_s:7.2f} s   kept/offered length {o.bias:.3f}   "
               f"wasted {o.wasted_frac:.1%} of {o.work_s:.0f} sample-s")
     carry, lock = totals["async, carry"], totals["lock-step"]
+    if carry.cut:
+        print(f"async, carry: {len(carry.cut)} of {len(carry.offered)} eligible groups of the "
+              f"measured batches were still running when the stream ended (the extra batch, "
+              f"carry_over false): mean length {statistics.fmean(carry.cut):.2f} s, against "
+              f"{statistics.fmean(carry.offered):.2f} s offered; "
+              f"{len(carry.offered) - len(carry.kept) - len(carry.cut)} others were not kept")
     speedup = lock.wait_s / carry.wait_s
     print(f"target kept_vs_offered_len >= {TARGET_BIAS}: "
           f"{'met' if carry.bias >= TARGET_BIAS else 'MISSED'} ({carry.bias:.3f}); "
