@@ -6,6 +6,7 @@ Task fields::
      "entry": "solution.py",                  # the file the model writes (default)
      "tests": [{"stdin": "1 2\\n", "stdout": "3\\n"}, ...],   # stdin/stdout cases, or
      "pytest": "from solution import add\\ndef test_add(): ...",   # a pytest file
+     "pytest_plugins": "auto",                # or "installed" / "none" (see below)
      "reward": "fraction",                    # or "all": 1.0 only when every test passes
      "files": {"helper.txt": "..."},          # optional starting files
      "timeout_s": 10, "memory_mb": 512, "pids_max": 64,   # limits of the test sandbox
@@ -18,6 +19,12 @@ network); each stdin/stdout case runs ``python entry`` with its stdin under ``ti
 and passes when the output matches (trailing whitespace ignored). A pytest file runs as
 ``test_solution.py`` next to the solution; every collected test counts. The reward is the
 fraction of tests that pass, or with ``"reward": "all"`` 1.0 or 0.0.
+
+``pytest_plugins``: whether pytest loads the plugins installed beside it (its entry-point
+autoload). ``auto``: only in an image, whose plugins are the task's environment; on the
+host the interpreter is the daemon's own, whose plugins (hypothesis, pytest-trio, whatever
+the daemon's venv holds) are not the task's, must not change its grade, and cost seconds of
+every EVAL. ``installed``: always; ``none``: never.
 """
 
 from __future__ import annotations
@@ -62,6 +69,16 @@ SYSTEM = (
 )
 
 
+#: pytest's switch for its plugin autoload (setuptools entry points of every installed dist).
+NO_AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
+
+
+def plugins_autoload(mode: str, sb: Sandbox) -> bool:
+    """Whether pytest in ``sb`` loads the installed plugins (``pytest_plugins``; ``auto``:
+    only where the sandbox runs an image, whose interpreter is the task's, not the daemon's)."""
+    return mode == "installed" or (mode == "auto" and sb.spec.image is not None)
+
+
 def normalise_output(text: str) -> str:
     lines = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
     while lines and not lines[-1]:
@@ -91,6 +108,7 @@ class CodeTaskModel(TaskModel):
     entry: Annotated[str, Field(pattern=rf"^(?:{_SEGMENT}/)*[^/\x00]*\.py$")] = "solution.py"
     tests: Annotated[list[CodeTestCase], Field(min_length=1)] = omitted()
     pytest: NonBlank = omitted()
+    pytest_plugins: Literal["auto", "installed", "none"] = "auto"
     reward: Literal["fraction", "all"] = "fraction"
     files: PathMap = Field(default_factory=dict)
     timeout_s: PositiveNumber = 10.0
@@ -192,7 +210,8 @@ class CodeTask(TaskHandler):
         await sb.write_file(TEST_FILE, task["pytest"].encode())
         await sb.write_file(RUNNER_FILE, RUNNER_SOURCE.read_bytes())
         argv = runner_argv(sb.python, RUNNER_FILE, tests=[], paths=[TEST_FILE], out=RESULT_FILE)
-        res = await sb.run(argv, timeout_s=task["timeout_s"], max_output_bytes=200_000)
+        env = {} if plugins_autoload(task["pytest_plugins"], sb) else {NO_AUTOLOAD: "1"}
+        res = await sb.run(argv, timeout_s=task["timeout_s"], max_output_bytes=200_000, env=env)
         output = tail(res.stdout + res.stderr, 1500)
         if res.timed_out:
             return [{"test": TEST_FILE, "passed": False, "outcome": "timed_out"}], output

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from rolloutd.daemon.tasks.base import TaskError
-from rolloutd.daemon.tasks.code import CodeTask, normalise_output
+from rolloutd.daemon.tasks.code import CodeTask, normalise_output, plugins_autoload
 from rolloutd.daemon.tasks.registry import TaskRegistry
 from rolloutd.daemon.trajectory import Status
+from rolloutd.sandbox import SandboxSpec
 
 from .conftest import tool_call
 
@@ -94,6 +95,38 @@ async def test_pytest_file_right_and_wrong(harness):
     tr = await harness.run(PYTEST_TASK)
     assert tr.status is Status.completed and tr.reward == 0.5
     assert "output" in tr.reward_info
+
+
+PLUGIN_PROBE = (
+    "import sys\n\n"
+    "def test_probe():\n"
+    "    from solution import add\n"
+    "    assert add(1, 2) == 3\n"
+    "    assert ('pytest_trio' in sys.modules) == {loaded}\n"
+)
+
+
+@pytest.mark.parametrize(("mode", "loaded"), [("auto", False), ("none", False),
+                                              ("installed", True)])
+async def test_pytest_plugins_of_the_daemons_interpreter(harness, mode, loaded):
+    """On the host the EVAL interpreter is the daemon's, whose installed plugins (here
+    pytest-trio, a dev extra) are not the task's: ``auto`` leaves them out, ``installed``
+    loads them."""
+    await harness.script(write_and_finish("def add(a, b):\n    return a + b\n"))
+    task = {**PYTEST_TASK, "pytest": PLUGIN_PROBE.format(loaded=loaded), "pytest_plugins": mode}
+    tr = await harness.run(task)
+    assert tr.reward == 1.0, tr.reward_info
+
+
+def test_pytest_plugins_auto_loads_them_in_an_image():
+    class Box:  # TEST DOUBLE: only the spec of a sandbox
+        def __init__(self, image: str | None) -> None:
+            self.spec = SandboxSpec(image=image)
+
+    assert plugins_autoload("auto", Box("oci:/images/x:latest"))  # type: ignore[arg-type]
+    assert not plugins_autoload("auto", Box(None))  # type: ignore[arg-type]
+    assert not plugins_autoload("none", Box("oci:/images/x:latest"))  # type: ignore[arg-type]
+    assert plugins_autoload("installed", Box(None))  # type: ignore[arg-type]
 
 
 async def test_files_in_directories_are_written(harness):
