@@ -360,6 +360,7 @@ class Node:
                 argv=vllm_serve_argv(s.spawn_vllm),
                 port=s.spawn_vllm_port + gpu,
                 env={"CUDA_VISIBLE_DEVICES": str(gpu)},
+                warm_up=True,
             )
             # start_soon: loading a model takes minutes; each registers itself when healthy.
             nursery.start_soon(supervise_server, spec, pool, name=spec.backend_id)

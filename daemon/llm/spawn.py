@@ -30,13 +30,16 @@ from typing import Any, BinaryIO
 import httpx
 import trio
 
-from rolloutd.daemon.llm.base import LLMError
+from rolloutd.daemon.llm.base import LLMError, SamplingParams
 from rolloutd.daemon.llm.pool import BackendPool
-from rolloutd.daemon.llm.vllm import VLLMBackend, http_backend
+from rolloutd.daemon.llm.vllm import VLLMBackend, build_request, http_backend
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 10.0
+#: The warm-up (``ServerSpec.warm_up``): the batch it sends after one request alone, and its bound.
+WARM_UP_BATCH = 3
+WARM_UP_TIMEOUT_S = 120.0
 
 
 #: The flags token-in/token-out RL needs from any vLLM server (shared/research/llm_backends.md):
@@ -80,6 +83,7 @@ class ServerSpec:
     restart_backoff_s: float = 5.0
     max_restarts: float = math.inf
     start_attempts: float = math.inf
+    warm_up: bool = False  # sample a few tokens before it serves (see ``_warm_up``)
 
     @property
     def url(self) -> str:
@@ -131,6 +135,37 @@ async def _wait_healthy(spec: ServerSpec, proc: trio.Process) -> None:
     raise RuntimeError(f"server exited with {proc.returncode} before it was healthy")
 
 
+async def _warm_up(spec: ServerSpec) -> None:
+    """Sample a few tokens with logprobs, once alone and then WARM_UP_BATCH requests together,
+    before the server joins the pool. vLLM compiles some of its sampling kernels at their first
+    use (``torch.compile``: the logprob ranks, top-p/top-k), and again for the first batch of
+    another size; on the CPU build that is a C++ build, about 1.5 s here, which otherwise
+    lands in the first rollouts' turns. A failed warm-up is logged, not fatal: the server is
+    healthy, and a real turn's error is reported with that turn."""
+    params = SamplingParams(temperature=0.7, top_p=0.95, top_k=50, seed=0)
+    started = trio.current_time()
+    try:
+        with trio.fail_after(WARM_UP_TIMEOUT_S):
+            async with spec.client(timeout=WARM_UP_TIMEOUT_S) as client:
+                resp = await client.get("/v1/models")
+                resp.raise_for_status()
+                model = resp.json()["data"][0]["id"]
+
+                async def sample(i: int) -> None:
+                    body = build_request(model, list(range(1, 17 + i)), params, max_tokens=4)
+                    (await client.post("/v1/completions", json=body)).raise_for_status()
+
+                await sample(0)
+                async with trio.open_nursery() as nursery:
+                    for i in range(WARM_UP_BATCH):
+                        nursery.start_soon(sample, i)
+    except (httpx.HTTPError, trio.TooSlowError, KeyError, IndexError, TypeError, ValueError) as exc:
+        log.warning("%s: the warm-up failed (%s); serving anyway", spec.backend_id,
+                    exc or type(exc).__name__)
+        return
+    log.info("%s: warmed up in %.1f s", spec.backend_id, trio.current_time() - started)
+
+
 async def _stop(proc: trio.Process) -> None:
     with trio.move_on_after(STOP_GRACE_S + 5, shield=True):
         if proc.returncode is None:
@@ -167,6 +202,8 @@ async def supervise_server(
             proc = await _open(argv, env, spec.log_path)
             try:
                 await _wait_healthy(spec, proc)
+                if spec.warm_up:
+                    await _warm_up(spec)
                 if not started:
                     pool.add(backend, backend_id=spec.backend_id)
                     started = True

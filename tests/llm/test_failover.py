@@ -6,6 +6,7 @@ import signal
 import socket
 import sys
 
+import httpx
 import trio
 
 from rolloutd.daemon.agent import AgentLimits, run_agent
@@ -90,6 +91,29 @@ async def test_supervisor_restarts_a_dead_server():
         assert _listener_pid(port) != pid
         c = await pool.complete([1, 2], SamplingParams(), max_tokens=4, sticky_key="a")
         assert c.finish_reason in ("stop", "length")
+        nursery.cancel_scope.cancel()
+    await pool.aclose()
+
+
+async def test_supervisor_warms_a_server_up_before_it_serves():
+    """``warm_up``: 1 + WARM_UP_BATCH completions with logprobs reach the server before the
+    supervisor reports it started (so before the pool routes any turn to it)."""
+    from rolloutd.daemon.llm.spawn import WARM_UP_BATCH
+
+    port = _free_port()
+    spec = ServerSpec(
+        backend_id="warm-0", port=port, kind="model-server", startup_timeout_s=60, warm_up=True,
+        argv=[sys.executable, "-m", "rolloutd.daemon.llm.model_server", "--backend", "scripted", "--port", "{port}"],
+    )
+    pool = BackendPool(health_interval_s=0.5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(supervise_server, spec, pool)
+        async with httpx.AsyncClient() as client:
+            text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+        outcomes = {line.split('"')[1]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                    if line.startswith("rolloutd_model_server_requests_total{")}
+        assert sum(outcomes.values()) == 1 + WARM_UP_BATCH, text
+        assert not {"bad_request", "error"} & set(outcomes), text  # answered, not refused
         nursery.cancel_scope.cancel()
     await pool.aclose()
 
