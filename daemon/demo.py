@@ -201,15 +201,35 @@ async def _drive(client: AsyncClient, node: Node, rows: list[Row], console: Cons
                                   timeout_s=SWE_TIMEOUT_S if swe_set else TIMEOUT_S)
         r.rollout_id = sub.ids[0]
         r.started = time.monotonic()
+    by_id = {r.rollout_id: r for r in rows}
+
+    def running(r: Row) -> bool:
+        return r.traj is None or not r.traj.status.terminal
+
     with Live(progress_table(rows), console=console, refresh_per_second=4, transient=False) as live:
-        while not node.draining:
-            for r in rows:
-                if r.traj is None or not r.traj.status.terminal:
-                    r.traj = await client.get(r.rollout_id)
-            live.update(progress_table(rows))
-            if all(r.traj is not None and r.traj.status.terminal for r in rows):
-                break
-            await trio.sleep(POLL_S)
+        async with trio.open_nursery() as nursery:
+
+            async def results() -> None:
+                """Each result the moment it is in: the demo ends with its last rollout."""
+                async for traj in client.stream(list(by_id)):
+                    by_id[traj.id].traj = traj
+                    live.update(progress_table(rows))
+                nursery.cancel_scope.cancel()
+
+            async def progress() -> None:
+                """The running rollouts' turns so far, every POLL_S."""
+                while not node.draining:
+                    await trio.sleep(POLL_S)
+                    for r in rows:
+                        if running(r):
+                            traj = await client.get(r.rollout_id)
+                            if running(r):  # the stream may have brought its result meanwhile
+                                r.traj = traj
+                    live.update(progress_table(rows))
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(results)
+            nursery.start_soon(progress)
     console.print()
 
 
