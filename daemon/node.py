@@ -324,6 +324,15 @@ class Node:
                     "at a time (%s)", why)
         pool.add(make_backend({"kind": "transformers"}), backend_id=EMBEDDED_ID)
 
+    def _engine_nice(self) -> int:
+        """The embedded engine's niceness: the sandboxes' CPU weight, where they got one."""
+        from rolloutd.daemon.llm.cpu_engine import nice_for_weight
+
+        sup = self.services.supervisor
+        backend = sup.statistics()["backends"].get(sup.default_backend) if sup else None
+        weighted = backend is not None and backend.get("cpu_weight") is not None
+        return nice_for_weight(self.settings.sandbox_cpu_weight) if weighted else 0
+
     async def _run_embedded_vllm(self, pool: BackendPool) -> None:
         from rolloutd.daemon.llm.cpu_engine import EMBEDDED_ID, embedded_server
         from rolloutd.daemon.llm.pool import make_backend
@@ -335,7 +344,7 @@ class Node:
             with pool.expect(EMBEDDED_ID):  # turns wait while the weights convert
                 spec = await trio.to_thread.run_sync(functools.partial(
                     embedded_server, socket_dir, log_path=s.state_dir / "logs" / "embedded-vllm.log",
-                    kv_cache_gib=s.embedded_kv_cache_gib))
+                    kv_cache_gib=s.embedded_kv_cache_gib, nice=self._engine_nice()))
             log.info("embedded model: starting the vLLM CPU engine (log %s)", spec.log_path)
             await supervise_server(spec, pool)
         except ServerFailed as exc:

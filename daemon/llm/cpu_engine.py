@@ -31,6 +31,12 @@ The server (:func:`embedded_server`):
   93 instead of 67 sampled tokens/s at 8 concurrent requests, 17 instead of 14 at 1; torch
   keeps one thread either way, so the numbers the model computes do not change;
 - its output goes to a log file; a server that never becomes healthy fails with the log's tail;
+- it runs at the CPU weight of the sandboxes (``nice_for_weight``), where the daemon gave them
+  one (``sandbox_cpu_weight``). It is a child of the daemon, in the daemon's cgroup: at nice 0
+  its busy threads would outweigh every sandbox together eight to one (the sandboxes' common
+  cgroup has weight 0.125), and a sandbox opening while it sampled took 1-2 s instead of 35 ms
+  to start its helper. At equal weight each gets its share, and the daemon's own process
+  still comes first;
 - it is warmed up before it serves (``ServerSpec.warm_up``): its first sampled tokens with
   logprobs build vLLM's compiled sampling kernels (a C++ build on CPU, about 1.5 s here), which
   would otherwise land in the first rollouts.
@@ -39,6 +45,7 @@ The server (:func:`embedded_server`):
 from __future__ import annotations
 
 import importlib.util
+import math
 import platform
 import sys
 from pathlib import Path
@@ -123,6 +130,7 @@ def embedded_server(
     backend_id: str = EMBEDDED_ID,
     startup_timeout_s: float = 600.0,
     start_attempts: float = 2,
+    nice: int = 0,
 ) -> ServerSpec:
     """The supervised vLLM CPU server for the embedded model, listening on
     ``socket_dir/vllm.sock`` (``socket_dir`` must be private to the daemon's user). Blocking
@@ -140,7 +148,17 @@ def embedded_server(
         startup_timeout_s=startup_timeout_s,
         start_attempts=start_attempts,
         warm_up=True,
+        nice=nice,
     )
+
+
+def nice_for_weight(sandbox_cpu_weight: float | None) -> int:
+    """The niceness that gives the engine about the CPU weight the sandboxes have together
+    (``sandbox_cpu_weight``, relative to one process at nice 0; each nice step is a factor of
+    1.25 in the kernel's weights): 9 for 0.125. 0 without a weight (or one >= 1)."""
+    if sandbox_cpu_weight is None or sandbox_cpu_weight >= 1:
+        return 0
+    return min(19, round(math.log(1 / sandbox_cpu_weight) / math.log(1.25)))
 
 
 __all__ = [
@@ -151,6 +169,7 @@ __all__ = [
     "EngineUnavailable",
     "choose_engine",
     "embedded_server",
+    "nice_for_weight",
     "server_argv",
     "server_env",
     "vllm_missing",

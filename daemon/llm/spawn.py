@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -84,6 +85,7 @@ class ServerSpec:
     max_restarts: float = math.inf
     start_attempts: float = math.inf
     warm_up: bool = False  # sample a few tokens before it serves (see ``_warm_up``)
+    nice: int = 0  # run it at this niceness (see ``_nice_session``)
 
     @property
     def url(self) -> str:
@@ -191,6 +193,8 @@ async def supervise_server(
     :class:`ServerFailed` (with the log's tail) after ``start_attempts`` failed first starts
     or ``max_restarts`` restarts."""
     argv = [a.format(port=spec.port, host=spec.host, uds=spec.uds or "") for a in spec.argv]
+    if spec.nice:
+        argv = [shutil.which("nice") or "nice", "-n", str(spec.nice), *argv]
     env = {**os.environ, **spec.env}
     started = False
     restarts = failed_starts = 0
@@ -200,6 +204,8 @@ async def supervise_server(
             if spec.uds:  # a killed server leaves its socket file: the next one could not bind
                 await trio.Path(spec.uds).unlink(missing_ok=True)
             proc = await _open(argv, env, spec.log_path)
+            if spec.nice:
+                _nice_session(proc.pid, spec.nice)
             try:
                 await _wait_healthy(spec, proc)
                 if spec.warm_up:
@@ -252,6 +258,21 @@ async def _failed(spec: ServerSpec, what: str) -> ServerFailed:
     tail = await trio.to_thread.run_sync(log_tail, spec.log_path)
     where = f" (log {spec.log_path})" if spec.log_path else ""
     return ServerFailed(f"{spec.backend_id}: {what}{where}" + (f"\n{tail}" if tail else ""))
+
+
+def _nice_session(pid: int, nice: int) -> None:
+    """Give the server's session the niceness its threads have (``nice -n`` in its argv).
+
+    The server runs in a session of its own (``start_new_session``, so that it can be stopped
+    as a group), and where the kernel groups sessions for scheduling (autogroup,
+    ``kernel.sched_autogroup_enabled``, for processes in the root CPU cgroup) a session
+    competes with others as one whole, at its autogroup's nice, whatever its threads' own:
+    without this, a niced server would still weigh as much as any other session."""
+    try:
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write(str(nice))
+    except OSError as exc:  # no autogroup here (or the process already ended): nothing to set
+        log.debug("cannot set the autogroup nice of %d: %s", pid, exc)
 
 
 def _open_log(path: Path) -> BinaryIO:

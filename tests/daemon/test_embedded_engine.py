@@ -104,6 +104,12 @@ async def test_daemon_runs_the_embedded_model_on_vllm_and_survives_its_crash(tmp
             assert synced.status is Status.completed and synced.logprobs != t.logprobs
             assert synced.turns[0].policy_version_start == 1
             (pid,) = set(_server_pids()) - before
+            # it runs at the sandboxes' CPU weight (sandbox_cpu_weight 0.125: nice 9) where
+            # they have one, so that a sandbox opening while it samples is not starved
+            sup = node.services.supervisor
+            weighted = sup.statistics()["backends"][sup.default_backend]["cpu_weight"] is not None
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            assert int(stat.rsplit(")", 1)[1].split()[16]) == (9 if weighted else 0)
             os.killpg(pid, signal.SIGKILL)  # the server dies; the supervisor starts another
             with trio.fail_after(30):
                 while node.services.pool.describe()[0]["healthy"]:

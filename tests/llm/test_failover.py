@@ -118,6 +118,36 @@ async def test_supervisor_warms_a_server_up_before_it_serves():
     await pool.aclose()
 
 
+async def test_supervised_server_runs_niced_with_its_session():
+    """``nice``: every thread of the server at that niceness, and its session's autogroup too
+    (where the kernel has autogroups), so that it weighs no more than the sandboxes."""
+    port = _free_port()
+    spec = ServerSpec(
+        backend_id="nice-0", port=port, kind="model-server", startup_timeout_s=60, nice=7,
+        argv=[sys.executable, "-m", "rolloutd.daemon.llm.model_server", "--backend", "scripted", "--port", "{port}"],
+    )
+    pool = BackendPool(health_interval_s=0.5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(supervise_server, spec, pool)
+        pid = _listener_pid(port)
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                assert int(f.read().rsplit(")", 1)[1].split()[16]) == 7  # field 19: nice
+        if os.path.exists(f"/proc/{pid}/autogroup"):
+            with open(f"/proc/{pid}/autogroup") as f:
+                assert f.read().split()[-1] == "7"
+        nursery.cancel_scope.cancel()
+    await pool.aclose()
+
+
+def test_engine_nice_matches_the_sandboxes_weight():
+    from rolloutd.daemon.llm.cpu_engine import nice_for_weight
+
+    assert nice_for_weight(0.125) == 9  # 1024 / 1.25**9 = 110, against the sandboxes' 128
+    assert nice_for_weight(None) == 0 and nice_for_weight(1.0) == 0 and nice_for_weight(4) == 0
+    assert nice_for_weight(0.001) == 19
+
+
 def _listener_pid(port):
     """The pid of the process whose command line names the port (our child)."""
     for entry in os.listdir("/proc"):
