@@ -5,10 +5,13 @@ sandboxes when the CPU is contended. Real cgroups, a real CPU hog in a real bwra
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -33,8 +36,16 @@ def _weight_file(backend) -> Path:
     pytest.skip(f"no cgroup cpu controller here (limits: {limits.kind})")
 
 
-def _reset(path: Path) -> None:
-    path.write_text("100" if path.name == "cpu.weight" else "1024")
+@contextlib.contextmanager
+def _kept_weight(state_dir: Path, boot_id: str) -> Iterator[Path]:
+    """The sandboxes' common weight file, put back as it was when the block exits (found
+    through a backend that writes no weight)."""
+    path = _weight_file(open_backend("bwrap", state_dir=state_dir, boot_id=boot_id + "w"))
+    before = path.read_text().strip()
+    try:
+        yield path
+    finally:
+        path.write_text(before)
 
 
 def test_a_bad_weight_is_refused(state_dir, boot_id):
@@ -43,17 +54,15 @@ def test_a_bad_weight_is_refused(state_dir, boot_id):
 
 
 def test_the_sandboxes_common_cgroup_gets_the_weight(state_dir, boot_id):
-    backend = open_backend("bwrap", state_dir=state_dir, boot_id=boot_id, cpu_weight=0.25)
-    path = _weight_file(backend)
-    try:
+    with _kept_weight(state_dir, boot_id) as path:
+        backend = open_backend("bwrap", state_dir=state_dir, boot_id=boot_id, cpu_weight=0.25)
+        assert _weight_file(backend) == path
         expected = "25" if path.name == "cpu.weight" else "256"
         assert path.read_text().strip() == expected
         assert backend.statistics()["cpu_weight"] == f"{path.name}={expected}"
         untouched = open_backend("bwrap", state_dir=state_dir, boot_id=boot_id + "b")
         assert untouched.statistics()["cpu_weight"] is None  # None leaves the cgroup alone
         assert path.read_text().strip() == expected
-    finally:
-        _reset(path)
 
 
 async def _daemon_share(state_dir: Path, boot_id: str, weight: float | None) -> float:
@@ -61,28 +70,31 @@ async def _daemon_share(state_dir: Path, boot_id: str, weight: float | None) -> 
     both pinned to one CPU for SECONDS: the share of that CPU the host hog got."""
     cpu = min(os.sched_getaffinity(0))
     hog = HOG.format(cpu={cpu}, seconds=SECONDS)
-    backend = open_backend("bwrap", state_dir=state_dir, boot_id=boot_id, cpu_weight=weight)
-    path = _weight_file(backend)
-    try:
-        async with backend.open(SandboxSpec()) as sb:
-            results: dict[str, float] = {}
+    with _kept_weight(state_dir, boot_id):
+        backend = open_backend("bwrap", state_dir=state_dir, boot_id=boot_id, cpu_weight=weight)
+        try:
+            return await _share(backend, hog)
+        finally:
+            await backend.aclose()
 
-            async def in_sandbox() -> None:
-                r = await sb.run([sb.python, "-c", hog], timeout_s=30)
-                results["sandbox"] = float(r.stdout)
 
-            async def on_host() -> None:
-                r = await trio.run_process([sys.executable, "-c", hog], capture_stdout=True,
-                                           stdin=subprocess.DEVNULL)
-                results["host"] = float(r.stdout)
+async def _share(backend: Any, hog: str) -> float:
+    async with backend.open(SandboxSpec()) as sb:
+        results: dict[str, float] = {}
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(in_sandbox)
-                nursery.start_soon(on_host)
-        return results["host"] / (results["host"] + results["sandbox"])
-    finally:
-        await backend.aclose()
-        _reset(path)
+        async def in_sandbox() -> None:
+            r = await sb.run([sb.python, "-c", hog], timeout_s=30)
+            results["sandbox"] = float(r.stdout)
+
+        async def on_host() -> None:
+            r = await trio.run_process([sys.executable, "-c", hog], capture_stdout=True,
+                                       stdin=subprocess.DEVNULL)
+            results["host"] = float(r.stdout)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(in_sandbox)
+            nursery.start_soon(on_host)
+    return results["host"] / (results["host"] + results["sandbox"])
 
 
 @pytest.mark.slow
