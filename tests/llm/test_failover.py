@@ -5,6 +5,7 @@ import os
 import signal
 import socket
 import sys
+from typing import Any
 
 import httpx
 import trio
@@ -69,12 +70,18 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _scripted_server(backend_id: str, port: int, **options: Any) -> ServerSpec:
+    """A supervised ``rolloutd model-server`` with scripted replies (a TEST DOUBLE, not a model)."""
+    return ServerSpec(
+        backend_id=backend_id, port=port, kind="model-server", startup_timeout_s=60,
+        argv=[sys.executable, "-m", "rolloutd.daemon.llm.model_server", "--backend", "scripted", "--port", "{port}"],
+        **options,
+    )
+
+
 async def test_supervisor_restarts_a_dead_server():
     port = _free_port()
-    spec = ServerSpec(
-        backend_id="spawned-0", port=port, kind="model-server", restart_backoff_s=0.1, startup_timeout_s=60,
-        argv=[sys.executable, "-m", "rolloutd.daemon.llm.model_server", "--backend", "scripted", "--port", "{port}"],
-    )
+    spec = _scripted_server("spawned-0", port, restart_backoff_s=0.1)
     pool = BackendPool(health_interval_s=0.5)
     async with trio.open_nursery() as nursery:
         url = await nursery.start(supervise_server, spec, pool)
@@ -101,10 +108,7 @@ async def test_supervisor_warms_a_server_up_before_it_serves():
     from rolloutd.daemon.llm.spawn import WARM_UP_BATCH
 
     port = _free_port()
-    spec = ServerSpec(
-        backend_id="warm-0", port=port, kind="model-server", startup_timeout_s=60, warm_up=True,
-        argv=[sys.executable, "-m", "rolloutd.daemon.llm.model_server", "--backend", "scripted", "--port", "{port}"],
-    )
+    spec = _scripted_server("warm-0", port, warm_up=True)
     pool = BackendPool(health_interval_s=0.5)
     async with trio.open_nursery() as nursery:
         await nursery.start(supervise_server, spec, pool)
@@ -122,10 +126,7 @@ async def test_supervised_server_runs_niced_with_its_session():
     """``nice``: every thread of the server at that niceness, and its session's autogroup too
     (where the kernel has autogroups), so that it weighs no more than the sandboxes."""
     port = _free_port()
-    spec = ServerSpec(
-        backend_id="nice-0", port=port, kind="model-server", startup_timeout_s=60, nice=7,
-        argv=[sys.executable, "-m", "rolloutd.daemon.llm.model_server", "--backend", "scripted", "--port", "{port}"],
-    )
+    spec = _scripted_server("nice-0", port, nice=7)
     pool = BackendPool(health_interval_s=0.5)
     async with trio.open_nursery() as nursery:
         await nursery.start(supervise_server, spec, pool)
