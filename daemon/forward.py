@@ -30,6 +30,7 @@ from rolloutd.federation import (
     MemberState,
     forward_headers,
     ids_headers,
+    took_at,
 )
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class PeerAnswer:
 
     status: int
     body: Any
+    took_at: tuple[int, int] | None = None  # the peer's version when it took them (202)
 
 
 class Forwarder:
@@ -88,7 +90,8 @@ class Forwarder:
         return self.federation.place()
 
     async def submit(self, member: Member, body: dict[str, Any], n: int, *, wait: bool) -> PeerAnswer:
-        """Forward one POST /v1/rollouts of ``n`` samples; returns the peer's answer.
+        """Forward one POST /v1/rollouts of ``n`` samples (to the peer place() chose); returns
+        the peer's answer, and tells the federation what became of the placement.
 
         The front chooses the samples' ids and records them as forwarded before it sends, so
         whatever happens next it answers for them. Raises PeerUnavailable only when the peer
@@ -98,6 +101,17 @@ class Forwarder:
         samples are ``failed`` with ``peer_lost`` and never run anywhere else. So are they
         when the peer is declared dead while the request (a ``wait``) is open.
         """
+        taken, at = False, None
+        try:
+            answer = await self._submit(member, body, n, wait=wait)
+            # 202: the peer holds them now (its reports after ``at`` count them; a lost
+            # request's may run there too); a 200 (wait) has ended; the rest were refused
+            taken, at = answer.status == 202, answer.took_at
+            return answer
+        finally:
+            self.federation.forwarded(member.node_id, at, taken=taken)
+
+    async def _submit(self, member: Member, body: dict[str, Any], n: int, *, wait: bool) -> PeerAnswer:
         body = dict(body)
         body.setdefault("idempotency_key", f"fwd-{uuid.uuid4().hex}")
         body.setdefault("group_id", new_id("g"))
@@ -130,7 +144,7 @@ class Forwarder:
             if wait:
                 rollouts = [self._lost[i].model_dump(mode="json") for i in ids if i in self._lost]
                 return PeerAnswer(200, {"group_id": body["group_id"], "rollouts": rollouts})
-            return PeerAnswer(202, {"group_id": body["group_id"], "ids": ids})
+            return PeerAnswer(202, {"group_id": body["group_id"], "ids": ids})  # may run there
         try:
             data = resp.json()
         except ValueError:
@@ -148,7 +162,7 @@ class Forwarder:
             self.forwarded_total += len(ids)
         else:
             self.forwarded_total += len(ids)
-        return PeerAnswer(resp.status_code, data)
+        return PeerAnswer(resp.status_code, data, took_at(resp.headers))
 
     async def post(self, url: str, body: dict[str, Any], *, headers: dict[str, str] | None = None,
                    limits: httpx.Timeout | None = None) -> httpx.Response:

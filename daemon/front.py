@@ -26,7 +26,7 @@ from rolloutd.daemon.journal import Journal, JournalError
 from rolloutd.daemon.sampling import Sampler
 from rolloutd.daemon.service import RolloutRequest, RolloutService, Submitted
 from rolloutd.daemon.trajectory import Trajectory
-from rolloutd.federation import forwarded_ids, forwarded_origin, is_forwarded
+from rolloutd.federation import forwarded_ids, forwarded_origin, is_forwarded, took_at_headers
 
 if TYPE_CHECKING:
     from rolloutd.daemon.llm.chat import ChatRenderer
@@ -126,6 +126,14 @@ class Front:
         if wait:
             await self.service.wait(sub.jobs)
         return sub
+
+    def accepted_headers(self, headers: Mapping[str, str]) -> dict[str, str]:
+        """Headers for the 202 of a submit with ``headers``: to a forwarded one, this node's
+        federation version now, after it took the rollouts (the front's placement counts them
+        against this node until a capacity report of a later heartbeat does)."""
+        if self.federation is None or not is_forwarded(headers):
+            return {}
+        return took_at_headers(self.federation.version)
 
     async def _maybe_forward(
         self, body: dict[str, Any], n: int, *, wait: bool, headers: Mapping[str, str]

@@ -29,6 +29,7 @@ from ._wire import (
     MEMBERS_PATH,
     ORIGIN_HEADER,
     PROTOCOL_VERSION,
+    TOOK_AT_HEADER,
     Capacity,
     auth_headers,
     check_token,
@@ -37,6 +38,8 @@ from ._wire import (
     forwarded_origin,
     ids_headers,
     is_forwarded,
+    took_at,
+    took_at_headers,
 )
 
 __all__ = [
@@ -47,6 +50,7 @@ __all__ = [
     "MEMBERS_PATH",
     "ORIGIN_HEADER",
     "PROTOCOL_VERSION",
+    "TOOK_AT_HEADER",
     "Capacity",
     "DuplicateJobError",
     "Federation",
@@ -72,4 +76,6 @@ __all__ = [
     "is_forwarded",
     "render_members",
     "slurm_seeds",
+    "took_at",
+    "took_at_headers",
 ]

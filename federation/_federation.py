@@ -145,6 +145,12 @@ class Federation:
         return self._me.incarnation
 
     @property
+    def version(self) -> tuple[int, int]:
+        """(incarnation, heartbeat) now: a capacity report of a later heartbeat was sampled
+        after this moment."""
+        return self._me.version
+
+    @property
     def gossip(self) -> GossipSettings:
         """The gossip settings this member runs with."""
         return self._gossip
@@ -197,8 +203,23 @@ class Federation:
         chosen = self._placement.choose(here, list(self._peers.values()))
         if chosen is None:
             return None
-        chosen.pending += 1
+        chosen.in_flight += 1
         return chosen.copy()
+
+    def forwarded(self, node_id: str, took_at: tuple[int, int] | None, *, taken: bool) -> None:
+        """A forward that place() chose ``node_id`` for has its answer: the peer took the
+        rollout (``taken``; at version ``took_at`` when its answer says) or provably did not.
+        A taken rollout stays debited from the peer's headroom until a capacity report of a
+        later heartbeat counts it, however late that report (or an older one) arrives."""
+        m = self._peers.get(node_id)
+        if m is None:
+            return
+        m.in_flight = max(0, m.in_flight - 1)
+        if not taken:
+            return
+        incarnation, heartbeat = took_at if took_at is not None else m.version  # an older peer
+        if incarnation == m.incarnation and heartbeat >= m.heartbeat:
+            m.unreported.append(heartbeat)
 
     # ---- the gossip route ----------------------------------------------------------------
 
@@ -390,7 +411,7 @@ class Federation:
         before = m.state
         if (r["incarnation"], r["heartbeat"]) > m.version:
             m.last_heard = now
-            m.pending = 0  # its new capacity report supersedes what we sent it
+            m.reported(r["incarnation"], r["heartbeat"])  # what its report counts of ours
         m.url, m.incarnation, m.heartbeat = r["url"], r["incarnation"], r["heartbeat"]
         m.capacity, m.updated_at, m.state = r["capacity"], r["updated_at"], state
         self._changed(m, before)

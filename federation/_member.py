@@ -55,8 +55,24 @@ class Member:
     state: MemberState = MemberState.ALIVE
     last_heard: float = 0.0
     """This node's trio clock when the member's version last advanced."""
-    pending: int = 0
-    """Rollouts placed on it here since its capacity last changed (debited from headroom)."""
+    in_flight: int = 0
+    """Rollouts placed on it here whose forward it has not answered yet."""
+    unreported: list[int] = field(default_factory=list)
+    """The heartbeat at which it took each rollout we forwarded that no capacity report we
+    have counts yet (a report counts those taken before its heartbeat)."""
+
+    @property
+    def pending(self) -> int:
+        """Rollouts placed on it here that its last capacity report does not count."""
+        return self.in_flight + len(self.unreported)
+
+    def reported(self, incarnation: int, heartbeat: int) -> None:
+        """A capacity report from version (incarnation, heartbeat) arrived: forget what it
+        counts. A new incarnation (a restarted node) counts nothing we sent before."""
+        if incarnation != self.incarnation:
+            self.unreported.clear()
+        else:
+            self.unreported = [h for h in self.unreported if h >= heartbeat]
 
     @property
     def version(self) -> tuple[int, int]:
@@ -107,5 +123,6 @@ class Member:
             updated_at=self.updated_at,
             state=self.state,
             last_heard=self.last_heard,
-            pending=self.pending,
+            in_flight=self.in_flight,
+            unreported=list(self.unreported),
         )

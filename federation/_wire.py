@@ -24,6 +24,10 @@ MAX_FORWARDED_IDS: Final = 10_000
 ORIGIN_HEADER: Final = "X-Rolloutd-Origin"
 """On a forwarded rollout: the node id of the member that forwarded it (it never takes the
 rollout back by work stealing: it would then relay it from the peer that relays it from it)."""
+TOOK_AT_HEADER: Final = "X-Rolloutd-Took-At"
+"""On a peer's answer to a forwarded rollout: its version (``incarnation.heartbeat``) when it
+took the rollout. Its capacity reports from a later heartbeat count the rollout; earlier ones,
+even if they reach the front later (relayed by gossip), do not."""
 PROTOCOL_VERSION: Final = 1
 MAX_PAYLOAD_MEMBERS: Final = 10_000
 STATES: Final = ("alive", "suspect", "dead", "left")
@@ -158,6 +162,24 @@ def ids_headers(ids: Sequence[str], origin: str | None = None) -> dict[str, str]
     if origin is not None:
         headers[ORIGIN_HEADER] = origin
     return headers
+
+
+def took_at_headers(version: tuple[int, int]) -> dict[str, str]:
+    """The header a peer answers a forwarded rollout with: its version when it took it."""
+    return {TOOK_AT_HEADER: f"{version[0]}.{version[1]}"}
+
+
+def took_at(headers: Mapping[str, str]) -> tuple[int, int] | None:
+    """The version in a peer's `TOOK_AT_HEADER`, or None (no header, or a malformed one: an
+    older peer). Looked up case-insensitively."""
+    wanted = TOOK_AT_HEADER.lower()
+    raw = next((v for k, v in headers.items() if k.lower() == wanted), None)
+    if raw is None:
+        return None
+    incarnation, _, heartbeat = raw.partition(".")
+    if not (incarnation.isdigit() and heartbeat.isdigit()) or len(raw) > 40:
+        return None
+    return int(incarnation), int(heartbeat)
 
 
 def forwarded_origin(headers: Mapping[str, str]) -> str | None:

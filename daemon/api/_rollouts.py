@@ -53,6 +53,7 @@ class Rollouts(Protocol):
     def max_group_size(self) -> int: ...
     async def submit(self, body: dict[str, Any], req: RolloutRequest, *, wait: bool,
                      headers: Mapping[str, str]) -> Submitted | PeerAnswer: ...
+    def accepted_headers(self, headers: Mapping[str, str]) -> dict[str, str]: ...
     async def rollout(self, job_id: str) -> dict[str, Any]: ...
     def list_rollouts(self, match: RolloutFilter, *, limit: int, offset: int) -> dict[str, Any]: ...
     async def cancel(self, job_id: str) -> Cancelled | PeerAnswer: ...
@@ -139,13 +140,14 @@ def register(app: QuartTrio, rollouts: Rollouts, *, max_timeout_s: float) -> Non
         data = await json_body()
         req = parse(RolloutRequest, data)
         wait = query(SubmitQuery).wait or req.wait  # the query is checked either way
-        result = await rollouts.submit(data, req, wait=wait, headers=dict(request.headers))
+        headers = dict(request.headers)
+        result = await rollouts.submit(data, req, wait=wait, headers=headers)
         if isinstance(result, PeerAnswer):
             return result.body, result.status
         if not wait:
             body = SubmitResponse(group_id=result.group_id, ids=[j.id for j in result.jobs],
                                   replayed=result.replayed)
-            return body.model_dump(), 202
+            return body.model_dump(), 202, rollouts.accepted_headers(headers)
         trajectories = [j.trajectory.model_dump(mode="json") for j in result.jobs]
         return {"group_id": result.group_id, "rollouts": trajectories}, 200
 

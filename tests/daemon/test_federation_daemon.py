@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 from collections import Counter
 
+import httpx
 import trio
 
 from rolloutd.daemon.client import AsyncClient
@@ -13,6 +14,7 @@ from rolloutd.daemon.llm.pool import BackendPool, make_backend
 from rolloutd.daemon.node import Node
 from rolloutd.daemon.pipeline import Services
 from rolloutd.daemon.trajectory import Stage
+from rolloutd.federation import TOOK_AT_HEADER, auth_headers, forward_headers, ids_headers, took_at
 
 from .conftest import make_settings, sleep_task
 
@@ -356,5 +358,34 @@ async def test_a_front_never_steals_back_what_it_forwarded(tmp_path, nursery):
     assert {t.status.value for t in trajs} == {"completed"}
     assert front.front.stealer is not None and front.front.stealer.statistics()["taken_over"] == 0
     assert executed(front) + executed(peer) == 9
+    for node, _ in cluster:
+        node.request_stop()
+
+
+async def test_a_peer_answers_a_forward_with_its_version_and_the_front_settles_every_placement(
+    tmp_path, nursery
+):
+    """The version a peer took a forwarded rollout at is what lets the front keep debiting it
+    from the peer's headroom until a report that counts it (tests/federation/test_placement.py)."""
+    cluster = await start_cluster(tmp_path, nursery)
+    front, peer = cluster[0][0], cluster[1][0]
+    assert front.federation is not None and peer.federation is not None
+    url = peer.urls[0] + "/v1/rollouts"
+    async with httpx.AsyncClient() as http:
+        before = peer.federation.version
+        headers = {**forward_headers("fedtok"), **ids_headers(["r-took-at-1"], front.node_id)}
+        resp = await http.post(url, json={"task": sleep_task(run_s=0.05)}, headers=headers)
+        assert resp.status_code == 202, resp.text
+        at = took_at(resp.headers)
+        assert at is not None and before <= at <= peer.federation.version
+        plain = await http.post(url, json={"task": sleep_task(run_s=0.05)}, headers=auth_headers("fedtok"))
+        assert plain.status_code == 202 and TOOK_AT_HEADER not in plain.headers
+    async with AsyncClient(front.urls[0], token="fedtok") as c:
+        ids = []
+        for _ in range(12):
+            ids += (await c.submit(sleep_task(run_s=0.05))).ids
+        await c.wait(ids)
+    assert front.forwarder is not None and front.forwarder.forwarded_total > 0
+    assert [m.in_flight for m in front.federation.peers()] == [0, 0]  # every forward answered
     for node, _ in cluster:
         node.request_stop()

@@ -98,22 +98,69 @@ async def test_front_forwards_a_burst_evenly_when_local_capacity_is_full(autojum
         assert abs(placed["b"] - placed["c"]) <= 1
 
 
-async def test_a_new_capacity_report_replaces_the_debit(autojump_clock):
+async def test_a_capacity_report_replaces_the_debit_of_what_it_counts(autojump_clock):
     async with open_cluster() as c:
         a = await c.start("a", cap=Cap(free_slots=0))
         b = await c.start("b", cap=Cap(free_slots=1))
         await c.wait_converged()
         await trio.sleep(1.5)
         assert a.fed.place().node_id == "b"
-        assert a.fed.member("b").headroom == 0  # b's slot is spent until it reports again
-        await trio.sleep(1.5)  # b's next heartbeat still says free_slots=1
+        assert a.fed.member("b").headroom == 0  # b's slot is spent while the forward is open
+        a.fed.forwarded("b", b.fed.version, taken=True)  # b took it, at its version now
+        assert a.fed.member("b").headroom == 0
+        await trio.sleep(1.5)  # b's next heartbeat counts it (b's callback still says 1)
         assert a.fed.member("b").headroom == 1
         assert a.fed.place().node_id == "b"
+        a.fed.forwarded("b", b.fed.version, taken=True)
         b.cap.free_slots = 0
         b.cap.queued = 2
         await trio.sleep(1.5)
         assert a.fed.member("b").headroom == -2
         assert a.fed.place() is None  # a (headroom 0) is now the emptier node
+
+
+async def test_a_report_from_before_the_peer_took_a_rollout_keeps_its_debit(autojump_clock):
+    """A report that reaches the front after the forward but was made before the peer took
+    the rollout (relayed by a third member, or simply slow) must not wipe the debit: the
+    front would then send the peer a second helping on a stale view."""
+    async with open_cluster() as c:
+        a = await c.start("a", cap=Cap(free_slots=0))
+        await c.start("b", cap=Cap(free_slots=2))
+        await c.wait_converged()
+        await trio.sleep(1.5)
+        seen = a.fed.member("b").version
+        assert a.fed.place().node_id == "b"
+        assert a.fed.place().node_id == "b"
+        # b took both after a heartbeat that a has not heard of yet
+        incarnation, heartbeat = seen
+        a.fed.forwarded("b", (incarnation, heartbeat + 1), taken=True)
+        a.fed.forwarded("b", (incarnation, heartbeat + 1), taken=True)
+        stale = a.fed.member("b").record()
+        stale["heartbeat"] = heartbeat + 1  # b's report of that heartbeat: free_slots 2
+        a.fed.handle_gossip({"protocol": 1, "members": [stale]})
+        assert a.fed.member("b").headroom == 0
+        stale["heartbeat"] = heartbeat + 2  # a later one counts them (here: b still says 2)
+        a.fed.handle_gossip({"protocol": 1, "members": [stale]})
+        assert a.fed.member("b").headroom == 2
+
+
+async def test_open_forwards_stay_debited_and_refused_ones_are_given_back(autojump_clock):
+    async with open_cluster() as c:
+        a = await c.start("a", cap=Cap(free_slots=0))
+        await c.start("b", cap=Cap(free_slots=3))
+        await c.wait_converged()
+        await trio.sleep(1.5)
+        for _ in range(3):
+            assert a.fed.place().node_id == "b"
+        await trio.sleep(3.0)  # reports arrive; none can count a rollout b was not sent yet
+        assert a.fed.member("b").headroom == 0
+        a.fed.forwarded("b", None, taken=False)  # refused (429/503) or never sent
+        assert a.fed.member("b").headroom == 1
+        a.fed.forwarded("b", None, taken=True)  # an older peer: no version in its answer
+        assert a.fed.member("b").headroom == 1
+        await trio.sleep(1.5)  # its next report counts it (as before versions were sent)
+        assert a.fed.member("b").headroom == 2
+        a.fed.forwarded("gone", None, taken=True)  # a member it no longer knows: ignored
 
 
 async def test_a_dead_peer_turns_its_forwarded_jobs_into_failures_once(autojump_clock):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from rolloutd import federation
 from rolloutd.federation import (
     FORWARDED_HEADER,
     Federation,
@@ -104,3 +105,12 @@ async def test_bad_capacity_callback_is_a_type_error():
     fed = Federation("a", "http://a:1", capacity=lambda: {"free_slots": "many"})  # type: ignore[arg-type,return-value]
     with pytest.raises(Exception, match="capacity"):
         fed.place()
+
+
+def test_took_at_round_trips_and_a_malformed_one_is_ignored():
+    headers = federation.took_at_headers((1795748184898, 7))
+    assert federation.took_at(headers) == (1795748184898, 7)
+    assert federation.took_at({federation.TOOK_AT_HEADER.lower(): "3.4"}) == (3, 4)
+    for bad in ("", "3", "3.", ".4", "-1.2", "3.4.5", "a.b", "9" * 50 + ".1"):
+        assert federation.took_at({federation.TOOK_AT_HEADER: bad}) is None, bad
+    assert federation.took_at({}) is None
