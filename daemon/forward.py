@@ -85,9 +85,9 @@ class Forwarder:
 
     # ---- placement and submit -------------------------------------------------------
 
-    def place(self) -> Member | None:
-        """The peer to forward a new rollout to, or None to run it here."""
-        return self.federation.place()
+    def place(self, n: int = 1) -> Member | None:
+        """The peer to forward a new request of ``n`` samples to, or None to run it here."""
+        return self.federation.place(n=n)
 
     async def submit(self, member: Member, body: dict[str, Any], n: int, *, wait: bool) -> PeerAnswer:
         """Forward one POST /v1/rollouts of ``n`` samples (to the peer place() chose); returns
@@ -109,7 +109,7 @@ class Forwarder:
             taken, at = answer.status == 202, answer.took_at
             return answer
         finally:
-            self.federation.forwarded(member.node_id, at, taken=taken)
+            self.federation.forwarded(member.node_id, at, taken=taken, n=n)
 
     async def _submit(self, member: Member, body: dict[str, Any], n: int, *, wait: bool) -> PeerAnswer:
         body = dict(body)

@@ -140,7 +140,7 @@ class Front:
     ) -> PeerAnswer | None:
         if self.forwarder is None or self.service.draining or is_forwarded(headers):
             return None
-        member = self.forwarder.place()
+        member = self.forwarder.place(n)
         if member is None:
             return None
         try:

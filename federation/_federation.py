@@ -189,13 +189,14 @@ class Federation:
 
     # ---- placement -----------------------------------------------------------------------
 
-    def place(self, local: Capacity | None = None) -> Member | None:
+    def place(self, local: Capacity | None = None, *, n: int = 1) -> Member | None:
         """Where a new rollout submitted here should run: None = here, else a copy of the peer.
 
-        `local` is this node's capacity now (default: ask the capacity callback). Power of
-        two choices over the peers' headroom (see Placement). The chosen peer's headroom is
-        debited by one until its next capacity report, so a burst spreads out instead of
-        piling on the peer that looked emptiest. Never call it for a request that carries
+        `local` is this node's capacity now (default: ask the capacity callback); `n`, the
+        request's samples. Power of two choices over the peers' headroom (see Placement).
+        The chosen peer's headroom is debited by `n` until a capacity report of it counts
+        them (see forwarded()), so a burst spreads out instead of piling on the peer that
+        looked emptiest. Never call it for a request that carries
         the forwarded header: such a job always runs where it arrived.
         """
         self._detect(trio.current_time())
@@ -203,23 +204,25 @@ class Federation:
         chosen = self._placement.choose(here, list(self._peers.values()))
         if chosen is None:
             return None
-        chosen.in_flight += 1
+        chosen.in_flight += n
         return chosen.copy()
 
-    def forwarded(self, node_id: str, took_at: tuple[int, int] | None, *, taken: bool) -> None:
-        """A forward that place() chose ``node_id`` for has its answer: the peer took the
-        rollout (``taken``; at version ``took_at`` when its answer says) or provably did not.
-        A taken rollout stays debited from the peer's headroom until a capacity report of a
-        later heartbeat counts it, however late that report (or an older one) arrives."""
+    def forwarded(
+        self, node_id: str, took_at: tuple[int, int] | None, *, taken: bool, n: int = 1
+    ) -> None:
+        """A forward of `n` samples that place() chose `node_id` for has its answer: the peer
+        took them (`taken`; at version `took_at` when its answer says) or provably did not.
+        Taken samples stay debited from the peer's headroom until a capacity report of a
+        later heartbeat counts them, however late that report (or an older one) arrives."""
         m = self._peers.get(node_id)
         if m is None:
             return
-        m.in_flight = max(0, m.in_flight - 1)
+        m.in_flight = max(0, m.in_flight - n)
         if not taken:
             return
         incarnation, heartbeat = took_at if took_at is not None else m.version  # an older peer
         if incarnation == m.incarnation and heartbeat >= m.heartbeat:
-            m.unreported.append(heartbeat)
+            m.unreported += [heartbeat] * n
 
     # ---- the gossip route ----------------------------------------------------------------
 

@@ -211,3 +211,22 @@ async def test_a_dead_peer_turns_its_forwarded_jobs_into_failures_once(autojump_
             await trio.sleep(0.1)
         assert orphans == ["job-1", "job-2"]
         assert tracker.take_orphans("b") == []
+
+
+async def test_a_group_is_debited_by_its_samples(autojump_clock):
+    """A forwarded request of n samples takes n of the peer's slots, as its report will say."""
+    async with open_cluster() as c:
+        a = await c.start("a", cap=Cap(free_slots=0))
+        b = await c.start("b", cap=Cap(free_slots=8))
+        await c.wait_converged()
+        await trio.sleep(1.5)
+        assert a.fed.place(n=6).node_id == "b"
+        assert a.fed.member("b").headroom == 2
+        a.fed.forwarded("b", b.fed.version, taken=True, n=6)
+        assert a.fed.member("b").headroom == 2
+        assert a.fed.place(n=6).node_id == "b"  # 2 >= 0 (a's): ties and better go to the peer
+        a.fed.forwarded("b", None, taken=False, n=6)  # refused: all six given back
+        assert a.fed.member("b").headroom == 2
+        b.cap.free_slots = 2  # b's report now counts the six it took
+        await trio.sleep(1.5)
+        assert a.fed.member("b").headroom == 2
