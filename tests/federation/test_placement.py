@@ -98,12 +98,19 @@ async def test_front_forwards_a_burst_evenly_when_local_capacity_is_full(autojum
         assert abs(placed["b"] - placed["c"]) <= 1
 
 
+async def full_front_and_peer(c, peer_free: int):
+    """A front with no room ("a") and one peer ("b", ``peer_free`` slots), each knowing the
+    other's current capacity."""
+    a = await c.start("a", cap=Cap(free_slots=0))
+    b = await c.start("b", cap=Cap(free_slots=peer_free))
+    await c.wait_converged()
+    await trio.sleep(1.5)
+    return a, b
+
+
 async def test_a_capacity_report_replaces_the_debit_of_what_it_counts(autojump_clock):
     async with open_cluster() as c:
-        a = await c.start("a", cap=Cap(free_slots=0))
-        b = await c.start("b", cap=Cap(free_slots=1))
-        await c.wait_converged()
-        await trio.sleep(1.5)
+        a, b = await full_front_and_peer(c, 1)
         assert a.fed.place().node_id == "b"
         assert a.fed.member("b").headroom == 0  # b's slot is spent while the forward is open
         a.fed.forwarded("b", b.fed.version, taken=True)  # b took it, at its version now
@@ -124,10 +131,7 @@ async def test_a_report_from_before_the_peer_took_a_rollout_keeps_its_debit(auto
     the rollout (relayed by a third member, or simply slow) must not wipe the debit: the
     front would then send the peer a second helping on a stale view."""
     async with open_cluster() as c:
-        a = await c.start("a", cap=Cap(free_slots=0))
-        await c.start("b", cap=Cap(free_slots=2))
-        await c.wait_converged()
-        await trio.sleep(1.5)
+        a, _ = await full_front_and_peer(c, 2)
         seen = a.fed.member("b").version
         assert a.fed.place().node_id == "b"
         assert a.fed.place().node_id == "b"
@@ -146,10 +150,7 @@ async def test_a_report_from_before_the_peer_took_a_rollout_keeps_its_debit(auto
 
 async def test_open_forwards_stay_debited_and_refused_ones_are_given_back(autojump_clock):
     async with open_cluster() as c:
-        a = await c.start("a", cap=Cap(free_slots=0))
-        await c.start("b", cap=Cap(free_slots=3))
-        await c.wait_converged()
-        await trio.sleep(1.5)
+        a, _ = await full_front_and_peer(c, 3)
         for _ in range(3):
             assert a.fed.place().node_id == "b"
         await trio.sleep(3.0)  # reports arrive; none can count a rollout b was not sent yet
@@ -216,10 +217,7 @@ async def test_a_dead_peer_turns_its_forwarded_jobs_into_failures_once(autojump_
 async def test_a_group_is_debited_by_its_samples(autojump_clock):
     """A forwarded request of n samples takes n of the peer's slots, as its report will say."""
     async with open_cluster() as c:
-        a = await c.start("a", cap=Cap(free_slots=0))
-        b = await c.start("b", cap=Cap(free_slots=8))
-        await c.wait_converged()
-        await trio.sleep(1.5)
+        a, b = await full_front_and_peer(c, 8)
         assert a.fed.place(n=6).node_id == "b"
         assert a.fed.member("b").headroom == 2
         a.fed.forwarded("b", b.fed.version, taken=True, n=6)
