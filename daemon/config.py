@@ -108,6 +108,8 @@ class Settings(BaseModel):
     #: who serves the embedded model: the vLLM CPU engine (extra ``cpu``) where installed
     #: (auto), required (vllm), or the in-process transformers backend
     embedded_engine: Literal["auto", "vllm", "transformers"] = "auto"
+    #: the vLLM CPU engine's dtype: bfloat16 where the CPU computes it natively (auto), or fixed
+    embedded_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     embedded_kv_cache_gib: int = Field(1, ge=1, le=1024)  # the vLLM CPU engine's KV cache (whole GiB)
     backends: list[dict[str, Any]] = Field(default_factory=list)
     tokenizer: str | None = None

@@ -248,7 +248,7 @@ async def _engine_ready(node: Node, console: Console) -> float:
 
 async def run_demo(out: Path, state_dir: Path, console: Console, *,
                    policy: list[str] | None = None, swe: bool = False, engine: str = "auto",
-                   timings: dict[str, float] | None = None) -> int:
+                   dtype: str = "auto", timings: dict[str, float] | None = None) -> int:
     from rolloutd.daemon.tasks.swe_examples import make_swe_repos
 
     backend = choose_sandbox_backend(state_dir, console)
@@ -265,7 +265,7 @@ async def run_demo(out: Path, state_dir: Path, console: Console, *,
 
     settings = Settings(
         host="127.0.0.1", port=0, state_dir=state_dir, sandbox_backend=backend,
-        embedded_model=policy is None, embedded_engine=engine,
+        embedded_model=policy is None, embedded_engine=engine, embedded_dtype=dtype,
         backends=[] if policy is None else [{"kind": "scripted", "replies": policy}],
         # every rollout's RUN at once: the vLLM engine batches their turns
         n_init=2, n_run=len(tasks), n_eval=2, drain_timeout_s=5.0, log_level="warning",
@@ -282,7 +282,8 @@ async def run_demo(out: Path, state_dir: Path, console: Console, *,
                           f"sandbox: {backend}  tasks: {len(tasks)}")
             if node.embedded_engine == "vllm":
                 ready_s = await _engine_ready(node, console)
-                console.print(f"[dim]vLLM CPU engine ready in {ready_s:.0f} s[/dim]")
+                console.print(f"[dim]vLLM CPU engine ready in {ready_s:.0f} s "
+                              f"({node.embedded_dtype})[/dim]")
                 if timings is not None:
                     timings["engine_ready_s"] = ready_s
             elif policy is None:
@@ -318,11 +319,13 @@ async def run_demo(out: Path, state_dir: Path, console: Console, *,
 
 def main(out: Path = Path("trajectories.jsonl"), state_dir: Path | None = None, *,
          policy: list[str] | None = None, console: Console | None = None,
-         swe: bool = False, engine: str = "auto", timings: dict[str, float] | None = None) -> int:
+         swe: bool = False, engine: str = "auto", dtype: str = "auto",
+         timings: dict[str, float] | None = None) -> int:
     """Run the demo; 0 when every rollout ran to a result. ``policy`` (scripted replies, a
     TEST DOUBLE) replaces the model, for the test that exercises this code path. ``swe``: a
     few instances of the SWE set (examples/swe_set) in their images instead of the mix.
-    ``engine``: the embedded model's engine (``auto``: vLLM's CPU build where installed).
+    ``engine``: the embedded model's engine (``auto``: vLLM's CPU build where installed);
+    ``dtype``: that engine's (``auto``: bfloat16 where the CPU computes it natively).
     ``timings`` (if given) gets ``engine_ready_s`` (vLLM) and ``rollouts_s``."""
     console = console or Console()
     handler = RichHandler(console=console, show_path=False, show_time=False)
@@ -335,7 +338,7 @@ def main(out: Path = Path("trajectories.jsonl"), state_dir: Path | None = None, 
     state = Path(tempfile.mkdtemp(prefix="rolloutd-demo-")) if state_dir is None else state_dir
     try:
         return trio.run(lambda: run_demo(out, state, console, policy=policy, swe=swe, engine=engine,
-                                         timings=timings))
+                                         dtype=dtype, timings=timings))
     except RolloutdError as exc:
         console.print(f"[bold red]the demo daemon answered an error: {exc}[/bold red]")
         return 1

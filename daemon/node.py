@@ -104,6 +104,7 @@ class Node:
         self.backends = Backends(settings, lambda: self.services.pool)
         #: which engine serves the embedded model ("vllm" or "transformers"; None: none served)
         self.embedded_engine: str | None = None
+        self.embedded_dtype: str | None = None  # the vLLM CPU engine's, once chosen
         self.urls: list[str] = []
         self.ready = False
         self.draining = False
@@ -334,7 +335,7 @@ class Node:
         return nice_for_weight(self.settings.sandbox_cpu_weight) if weighted else 0
 
     async def _run_embedded_vllm(self, pool: BackendPool) -> None:
-        from rolloutd.daemon.llm.cpu_engine import EMBEDDED_ID, embedded_server
+        from rolloutd.daemon.llm.cpu_engine import EMBEDDED_ID, choose_dtype, embedded_server
         from rolloutd.daemon.llm.pool import make_backend
         from rolloutd.daemon.llm.spawn import ServerFailed, supervise_server
 
@@ -342,10 +343,13 @@ class Node:
         socket_dir = Path(tempfile.mkdtemp(prefix="rolloutd-vllm-"))  # mode 0700, a short path
         try:
             with pool.expect(EMBEDDED_ID):  # turns wait while the weights convert
+                dtype, why = await trio.to_thread.run_sync(choose_dtype, s.embedded_dtype)
+                self.embedded_dtype = dtype
                 spec = await trio.to_thread.run_sync(functools.partial(
                     embedded_server, socket_dir, log_path=s.state_dir / "logs" / "embedded-vllm.log",
-                    kv_cache_gib=s.embedded_kv_cache_gib, nice=self._engine_nice()))
-            log.info("embedded model: starting the vLLM CPU engine (log %s)", spec.log_path)
+                    dtype=dtype, kv_cache_gib=s.embedded_kv_cache_gib, nice=self._engine_nice()))
+            log.info("embedded model: starting the vLLM CPU engine in %s, as %s (log %s)", dtype,
+                     why, spec.log_path)
             await supervise_server(spec, pool)
         except ServerFailed as exc:
             if s.embedded_engine == "vllm":

