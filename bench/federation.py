@@ -57,6 +57,7 @@ Targets: eff_8 >= 0.9, vs_control_8 >= 0.95, tail_ratio_8 <= 1.15.
 
     sudo .venv/bin/python bench/federation.py      # about 8 minutes on this 2-core VM
     sudo .venv/bin/python bench/federation.py --sizes 1,2 --sweep 1,2 --per-daemon 6  # 3 min
+    sudo .venv/bin/python bench/federation.py --keep-logs /tmp/fedlogs  # daemons log at info
 
 Needs root (cgroups; network namespaces). Removes its cgroups, namespaces and processes at
 the end, also on Ctrl-C or SIGTERM (daemon logs are kept when a daemon did not exit 0).
@@ -135,7 +136,7 @@ def stage_slots(n_run: int, scale: int = 1) -> tuple[int, int, int]:
 
 
 def daemon_config(slots: tuple[int, int, int], latency_s: float, stealing: bool | None,
-                  gossip_interval_s: float | None) -> str:
+                  gossip_interval_s: float | None, log_level: str = "warning") -> str:
     """The daemons' TOML; settings not named here keep the daemon's defaults."""
     n_init, n_run, n_eval = slots
     lines = [
@@ -145,7 +146,7 @@ def daemon_config(slots: tuple[int, int, int], latency_s: float, stealing: bool 
         f"n_run = {n_run}",
         f"n_eval = {n_eval}",
         "queue_size = 8192",
-        'log_level = "warning"',
+        f"log_level = {json.dumps(log_level)}",
     ]
     if gossip_interval_s is not None:
         lines.append(f"gossip_interval_s = {gossip_interval_s}")
@@ -467,9 +468,10 @@ class Fleet:
     stopped, so a federation grows by starting daemons seeded with it.
     """
 
-    def __init__(self, net: Network, budgets: Budgets) -> None:
+    def __init__(self, net: Network, budgets: Budgets, keep_logs: Path | None = None) -> None:
         self.net = net
         self.budgets = budgets
+        self.keep_logs = keep_logs  # where every daemon's log is copied when they stop
         self.workdir = Path(tempfile.mkdtemp(prefix="rdf", dir="/tmp"))  # short: sandbox sockets
         self.token = secrets.token_hex(32)
         self.token_file = self.workdir / "token"
@@ -521,6 +523,11 @@ class Fleet:
     def stop_all(self) -> bool:
         """Stop every daemon; True when all of them ever started exited 0."""
         self.stop(sorted(self.procs))
+        if self.keep_logs is not None:
+            self.keep_logs.mkdir(parents=True, exist_ok=True)
+            for log in sorted(self.workdir.glob("daemon*.log")):
+                shutil.copy2(log, self.keep_logs / log.name)
+            console.print(f"daemon logs copied to {self.keep_logs}")
         ok = all(c == 0 for c in self.codes.values())
         if ok:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -976,9 +983,10 @@ async def bench(args: argparse.Namespace) -> None:
                   f"{'no' if args.no_control else 'one'} control; {args.per_daemon} rollouts per daemon)")
 
     def config(slots: tuple[int, int, int]) -> str:
-        return daemon_config(slots, args.latency_s, args.stealing, args.gossip_interval_s)
+        return daemon_config(slots, args.latency_s, args.stealing, args.gossip_interval_s,
+                             "info" if args.keep_logs else "warning")
 
-    fleet = Fleet(net, budgets)
+    fleet = Fleet(net, budgets, args.keep_logs)
     budgets.make(n_daemons)
     timeout = httpx.Timeout(30.0, read=None)
     limits = httpx.Limits(max_connections=SUBMITTERS + 16)
@@ -1109,6 +1117,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--burst-timeout-s", type=float, default=180,
                    help="a burst's results that have not arrived by then count as failures")
     p.add_argument("--net", choices=["auto", "netns", "loopback"], default="auto")
+    p.add_argument("--keep-logs", type=Path, default=None, metavar="DIR",
+                   help="run the daemons at log level info and copy their logs (daemon<i>.log) "
+                        "to DIR when they stop (default: warning, removed with the run)")
     return p.parse_args(argv)
 
 
