@@ -101,6 +101,7 @@ CLIENT_ADDR = f"{SUBNET}.254"
 PORT = 8400
 CGROUP_FS = Path("/sys/fs/cgroup")
 CGROUP_NAME = "rolloutd-bench"
+#: The CFS period of the budgets' quotas (--cfs-period-us; the kernel's default, 100 ms).
 CFS_PERIOD_US = 100_000
 
 console = Console(width=220)
@@ -936,8 +937,9 @@ async def main(args: argparse.Namespace) -> None:
 
 
 async def bench(args: argparse.Namespace) -> None:
-    global GOSSIP_INTERVAL_S
+    global GOSSIP_INTERVAL_S, CFS_PERIOD_US
     GOSSIP_INTERVAL_S = args.gossip_interval_s
+    CFS_PERIOD_US = args.cfs_period_us
     sizes = [int(s) for s in args.sizes.split(",")]
     sweep_runs = [int(s) for s in args.sweep.split(",")] if args.sweep else []
     if sizes[0] != 1 or sizes != sorted(set(sizes)):
@@ -1054,7 +1056,8 @@ async def bench(args: argparse.Namespace) -> None:
     console.print(results_table(
         f"federation: one front, {args.per_daemon} code rollouts per daemon, {args.budget:g} core "
         f"and {'/'.join(map(str, per))} slots per budget; scripted backend (TEST DOUBLE, "
-        f"{args.latency_s:g} s a turn); bwrap; network {net.mode}; {cpus} CPUs", results, one))
+        f"{args.latency_s:g} s a turn); bwrap; network {net.mode}; {cpus} CPUs; "
+        f"CFS period {CFS_PERIOD_US / 1000:g} ms", results, one))
     console.print(cpu_table("CPU over each burst", results))
     sources = {r.work_source for r in results}
     console.print(
@@ -1117,6 +1120,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--burst-timeout-s", type=float, default=180,
                    help="a burst's results that have not arrived by then count as failures")
     p.add_argument("--net", choices=["auto", "netns", "loopback"], default="auto")
+    p.add_argument("--cfs-period-us", type=int, default=100_000,
+                   help="the CFS period of each budget's quota (default the kernel's, 100000: a "
+                        "0.2-core daemon runs 20 ms, then waits 80 ms when it has used them)")
     p.add_argument("--keep-logs", type=Path, default=None, metavar="DIR",
                    help="run the daemons at log level info and copy their logs (daemon<i>.log) "
                         "to DIR when they stop (default: warning, removed with the run)")
