@@ -164,6 +164,12 @@ def ids_headers(ids: Sequence[str], origin: str | None = None) -> dict[str, str]
     return headers
 
 
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    """The value of header ``name`` in ``headers`` (any mapping), looked up case-insensitively."""
+    wanted = name.lower()
+    return next((v for k, v in headers.items() if k.lower() == wanted), None)
+
+
 def took_at_headers(version: tuple[int, int]) -> dict[str, str]:
     """The header a peer answers a forwarded rollout with: its version when it took it."""
     return {TOOK_AT_HEADER: f"{version[0]}.{version[1]}"}
@@ -172,8 +178,7 @@ def took_at_headers(version: tuple[int, int]) -> dict[str, str]:
 def took_at(headers: Mapping[str, str]) -> tuple[int, int] | None:
     """The version in a peer's `TOOK_AT_HEADER`, or None (no header, or a malformed one: an
     older peer). Looked up case-insensitively."""
-    wanted = TOOK_AT_HEADER.lower()
-    raw = next((v for k, v in headers.items() if k.lower() == wanted), None)
+    raw = _header(headers, TOOK_AT_HEADER)
     if raw is None:
         return None
     incarnation, _, heartbeat = raw.partition(".")
@@ -184,8 +189,7 @@ def took_at(headers: Mapping[str, str]) -> tuple[int, int] | None:
 
 def forwarded_origin(headers: Mapping[str, str]) -> str | None:
     """The member that forwarded a request (`ORIGIN_HEADER`), looked up case-insensitively."""
-    wanted = ORIGIN_HEADER.lower()
-    raw = next((v for k, v in headers.items() if k.lower() == wanted), None)
+    raw = _header(headers, ORIGIN_HEADER)
     return raw[:200] if raw else None
 
 
@@ -197,8 +201,7 @@ def forwarded_ids(headers: Mapping[str, str]) -> list[str] | None:
 
     Looked up case-insensitively. Raises ValueError for a malformed list (an empty or bad id,
     a repeated one, more than MAX_FORWARDED_IDS)."""
-    wanted = IDS_HEADER.lower()
-    raw = next((v for k, v in headers.items() if k.lower() == wanted), None)
+    raw = _header(headers, IDS_HEADER)
     if raw is None:
         return None
     ids = raw.split(",")
