@@ -300,6 +300,7 @@ class JobQueue:
         self._counter = itertools.count()
         self._closed = False
         self._lot = trio.lowlevel.ParkingLot()
+        self._room = trio.lowlevel.ParkingLot()  # wait_at_most's waiters
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -330,6 +331,7 @@ class JobQueue:
                 self._heap[i] = self._heap[-1]
                 self._heap.pop()
                 heapq.heapify(self._heap)
+                self._room.unpark_all()
                 return True
         return False
 
@@ -342,6 +344,7 @@ class JobQueue:
             ids = {id(job) for job in taken}
             self._heap = [entry for entry in self._heap if id(entry[2]) not in ids]
             heapq.heapify(self._heap)
+            self._room.unpark_all()
         return taken
 
     def put_back(self, jobs: list[Job]) -> None:
@@ -361,6 +364,7 @@ class JobQueue:
         """Take every queued job out (used when the daemon drains)."""
         jobs = [j for _, _, j in sorted(self._heap)]
         self._heap.clear()
+        self._room.unpark_all()
         return jobs
 
     async def get(self) -> Job:
@@ -368,11 +372,18 @@ class JobQueue:
         while True:
             if self._heap:
                 _, _, job = heapq.heappop(self._heap)
+                self._room.unpark_all()
                 await trio.lowlevel.checkpoint()
                 return job
             if self._closed:
                 raise trio.EndOfChannel
             await self._lot.park()
+
+    async def wait_at_most(self, n: int) -> None:
+        """Return once at most ``n`` jobs are queued (a producer's back-pressure)."""
+        while len(self._heap) > n:
+            await self._room.park()
+        await trio.lowlevel.checkpoint()
 
 
 class ResultStore:

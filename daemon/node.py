@@ -191,6 +191,7 @@ class Node:
             "free_slots": self.pipeline.free_capacity(),
             "queued": len(self.pipeline.intake),
             "in_flight": self.pipeline.live,
+            "waiting": self.pipeline.waiting,
             "healthy_backends": healthy,
             "draining": self.draining,
         }

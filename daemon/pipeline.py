@@ -1,12 +1,16 @@
 """The INIT / RUN / EVAL pipeline: three independent worker pools joined by bounded channels.
 
-    intake (JobQueue, bounded) -> INIT x n_init -> run channel -> RUN x n_run
+    intake (JobQueue, bounded) -> INIT x n_init -> ready (JobQueue) -> RUN x n_run
                                 -> eval channel -> EVAL x n_eval -> result store
 
 Each stage works on a job under ``trio.fail_after(job.budget.remaining())``; the budget is
 paused while the job waits, so a job's ``timeout_s`` is a budget for work, not for waiting.
-Channels between stages hold at most one job per downstream worker: when RUN is full, INIT
-stops pulling from the intake, and when the intake is full the API answers 429.
+Between stages wait at most one job per downstream worker: when RUN is full, INIT stops
+pulling from the intake, and when the intake is full the API answers 429. ``ready`` holds
+the jobs through INIT that wait for a RUN worker (up to ``n_run``, plus one per INIT worker
+waiting for room). It is a queue rather than a channel so that work stealing can hand such
+a job over to an idle peer (``hand_over``): its sandbox is torn down here and the peer runs
+its INIT again; no agent step of it has run anywhere yet.
 """
 
 from __future__ import annotations
@@ -60,7 +64,8 @@ class Pipeline:
             Stage.run: StageStats(Stage.run, settings.n_run),
             Stage.eval: StageStats(Stage.eval, settings.n_eval),
         }
-        self._run_send, self._run_recv = trio.open_memory_channel[Job](settings.n_run)
+        # never full: an INIT worker adds one job, then waits until at most n_run are left
+        self.ready = JobQueue(settings.n_init + settings.n_run)
         self._eval_send, self._eval_recv = trio.open_memory_channel[Job](settings.n_eval)
         self._live: set[Job] = set()
         self._away: set[Job] = set()  # handed over to a peer, not finished yet
@@ -84,16 +89,33 @@ class Pipeline:
             self._finish(job, Status.cancelled, stage=Stage.queue, etype="cancelled",
                          message="cancelled while queued")
 
-    def hand_over(self, n: int, eligible: Callable[[Job], bool]) -> list[Job]:
-        """Withdraw up to ``n`` queued jobs (the ones that would start last) for a peer to run:
-        they no longer count here, but the pipeline stays busy (``wait_idle``) until each is
-        finished (with the peer's result) or taken back (``take_back``)."""
-        jobs = self.intake.take_last(n, lambda j: not j.done.is_set() and not j.cancel_requested
-                                     and eligible(j))
-        for job in jobs:
+    @property
+    def waiting(self) -> int:
+        """Jobs through INIT waiting for a RUN worker."""
+        return len(self.ready)
+
+    async def hand_over(self, n: int, eligible: Callable[[Job], bool]) -> list[Job]:
+        """Withdraw up to ``n`` jobs that no RUN worker has started, for a peer to run: the
+        queued ones that would start last, then, if that is not ``n``, those waiting in
+        ``ready`` (newest first; their sandboxes are released here, and they are queued
+        again as far as their status says). They no longer count here, but the pipeline
+        stays busy (``wait_idle``) until each is finished (with the peer's result) or taken
+        back (``take_back``)."""
+
+        def ok(job: Job) -> bool:
+            return not job.done.is_set() and not job.cancel_requested and eligible(job)
+
+        jobs = self.intake.take_last(n, ok)
+        initialized = self.ready.take_last(n - len(jobs), ok) if len(jobs) < n else []
+        for job in jobs + initialized:
             self._live.discard(job)
             self._away.add(job)
-        return jobs
+        for job in initialized:
+            await self._release(job)
+            job.set_stage(Status.queued)
+            log.info("rollout %s withdrawn after INIT on %s, for a peer", job.id,
+                     job.trajectory.node_id, extra=_ids(job, stage=Stage.init.value))
+        return jobs + initialized
 
     def take_back(self, jobs: list[Job]) -> None:
         """Queue again handed-over jobs the peer did not take (cancelled if this daemon is
@@ -133,13 +155,14 @@ class Pipeline:
     def statistics(self) -> dict[str, Any]:
         return {
             "queued": len(self.intake),
+            "waiting": len(self.ready),
             "queue_capacity": self.intake.capacity,
             "accepting": not self.intake.closed,
             "live_jobs": len(self._live),
             "handed_over": len(self._away),
             "stages": {
                 "init": self.stats[Stage.init].snapshot(len(self.intake)),
-                "run": self.stats[Stage.run].snapshot(self._run_recv.statistics().current_buffer_used),
+                "run": self.stats[Stage.run].snapshot(len(self.ready)),
                 "eval": self.stats[Stage.eval].snapshot(
                     self._eval_recv.statistics().current_buffer_used
                 ),
@@ -174,7 +197,7 @@ class Pipeline:
                 for i in range(self.settings.n_init):
                     nursery.start_soon(self._init_worker, name=f"init-{i}")
                 for i in range(self.settings.n_run):
-                    nursery.start_soon(self._run_worker, self._run_recv.clone(), name=f"run-{i}")
+                    nursery.start_soon(self._run_worker, name=f"run-{i}")
                 for i in range(self.settings.n_eval):
                     nursery.start_soon(self._eval_worker, self._eval_recv.clone(), name=f"eval-{i}")
                 task_status.started()
@@ -195,13 +218,14 @@ class Pipeline:
             except trio.EndOfChannel:
                 return
             if await self._stage(job, Stage.init, self._do_init):
-                await self._run_send.send(job)
+                self.ready.put_back([job])
+                await self.ready.wait_at_most(self.settings.n_run)
 
-    async def _run_worker(self, recv: trio.MemoryReceiveChannel[Job]) -> None:
-        async with recv:
-            async for job in recv:
-                if await self._stage(job, Stage.run, self._do_run):
-                    await self._eval_send.send(job)
+    async def _run_worker(self) -> None:
+        while True:
+            job = await self.ready.get()
+            if await self._stage(job, Stage.run, self._do_run):
+                await self._eval_send.send(job)
 
     async def _eval_worker(self, recv: trio.MemoryReceiveChannel[Job]) -> None:
         async with recv:
@@ -219,7 +243,7 @@ class Pipeline:
                                  message=f"cancelled before {stage.value}")
             return False
         stats = self.stats[stage]
-        if stage is Stage.init:
+        if stage is Stage.run:  # its first agent step: from here on it is never moved
             log.info("rollout %s started on %s", job.id, job.trajectory.node_id,
                      extra=_ids(job, stage=stage.value))
         job.set_stage(Status(stage.value))

@@ -50,7 +50,8 @@ class RolloutRequest(BaseModel):
 
 class QueuedSample(BaseModel):
     """One queued sample as it moves to a federation peer (work stealing): all it needs to
-    run there under the same id."""
+    run there under the same id. ``timeout_s`` is what is left of its budget (an INIT that
+    ran here before the hand-over spent some)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -71,7 +72,8 @@ class QueuedSample(BaseModel):
         t = job.trajectory
         return cls(id=job.id, group_id=job.group_id, sample_index=t.sample_index,
                    batch_id=req.batch_id, task=req.task, sampling=req.sampling, limits=req.limits,
-                   timeout_s=req.timeout_s, priority=req.priority, labels=list(req.labels))
+                   timeout_s=min(req.timeout_s, max(job.budget.remaining(), 0.001)),
+                   priority=req.priority, labels=list(req.labels))
 
 
 @dataclass

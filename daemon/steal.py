@@ -2,10 +2,14 @@
 busier peer, exactly once, under their ids.
 
 Every ``steal_interval_s`` a daemon with free slots and nothing queued asks the peer that
-reported the longest queue (gossip) for work: ``POST /v1/federation/steal {node_id, max}``.
-That peer (the victim) withdraws up to ``max``, and at most half its queue, of the jobs that
-would start last there, records them as forwarded to the thief, and hands them over:
-``POST /v1/federation/adopt {origin, rollouts}``; the thief queues them under the same ids.
+reported the most unstarted rollouts (gossip: ``queued`` plus ``waiting``) for work: ``POST
+/v1/federation/steal {node_id, max}``. That peer (the victim) withdraws up to ``max``, and at
+most half, of its unstarted jobs, those that would start last there: queued ones first, then
+ones through INIT that wait for a RUN worker (a daemon's INIT runs ahead of RUN, so at the
+end of a burst the work a busy daemon still holds is mostly of that kind). It tears down the
+sandboxes of the latter, records them all as forwarded to the thief, and hands them over:
+``POST /v1/federation/adopt {origin, rollouts}``; the thief queues them under the same ids
+and runs their INIT again. No agent step of a handed-over rollout has run anywhere before.
 
 The victim keeps answering for them: its job for each ends with the thief's trajectory
 (relayed as a forwarded rollout's is), so a wait, a stream, a batch and the journal there see
@@ -121,10 +125,12 @@ class Stealer:
         room = self._room()
         if room <= 0:
             return
+        def unstarted(m: Member) -> int:
+            return m.capacity["queued"] + m.capacity["waiting"]
+
         peers = [m for m in self.forwarder.federation.peers()
-                 if m.state is MemberState.ALIVE and m.capacity["queued"] > 0
-                 and not m.capacity["draining"]]
-        for victim in sorted(peers, key=lambda m: -m.capacity["queued"])[:2]:
+                 if m.state is MemberState.ALIVE and unstarted(m) > 0 and not m.capacity["draining"]]
+        for victim in sorted(peers, key=lambda m: -unstarted(m))[:2]:
             try:
                 resp = await self.forwarder.client.post(
                     victim.url + STEAL_PATH, json={"node_id": self.node_id, "max": room},
@@ -163,14 +169,15 @@ class Stealer:
         if (not self.settings.work_stealing or self.service.draining or thief is None
                 or thief.node_id == self.node_id or thief.state is not MemberState.ALIVE):
             return {"moved": []}
-        n = min(req.max, math.ceil(len(self.pipeline.intake) / 2))
-        jobs = self.pipeline.hand_over(n, lambda job: _stealable(job, thief.node_id)) if n > 0 else []
-        if not jobs:
+        n = min(req.max, math.ceil(_unstarted(self.pipeline) / 2))
+        if n <= 0:
             return {"moved": []}
-        # Shielded (bounded by ADOPT_TIMEOUT, twice): a thief that stops waiting for this
-        # answer must not leave the withdrawn rollouts neither queued here nor handed over.
+        # Shielded (bounded by the sandbox release and ADOPT_TIMEOUT, twice): a thief that
+        # stops waiting for this answer must not leave the withdrawn rollouts neither queued
+        # here nor handed over.
         with trio.CancelScope(shield=True):
-            moved = await self._hand_over(thief, jobs)
+            jobs = await self.pipeline.hand_over(n, lambda job: _stealable(job, thief.node_id))
+            moved = await self._hand_over(thief, jobs) if jobs else []
         return {"moved": moved}
 
     async def _hand_over(self, thief: Member, jobs: list[Job]) -> list[str]:
@@ -263,6 +270,12 @@ class Stealer:
             await self.forwarder.cancel(job_id)
         except Exception as exc:
             log.debug("could not cancel %s on %s: %r", job_id, node_id, exc)
+
+
+def _unstarted(pipeline: Pipeline) -> int:
+    """Rollouts a peer may take from ``pipeline``: queued, or through INIT and waiting for a
+    RUN worker (what capacity reports call ``queued`` and ``waiting``)."""
+    return len(pipeline.intake) + pipeline.waiting
 
 
 def _stealable(job: Job, thief: str) -> bool:

@@ -38,6 +38,7 @@ class Capacity(TypedDict):
 
     free_slots: int  # rollouts it can start now without queueing
     queued: int  # accepted, waiting for a worker
+    waiting: int  # through INIT, waiting for a RUN worker (work stealing may move these too)
     in_flight: int  # running now
     healthy_backends: int  # LLM backends that pass their health check
     draining: bool  # shutting down: takes no new work
@@ -59,7 +60,7 @@ _CAPACITY_INTS: Final = ("free_slots", "queued", "in_flight", "healthy_backends"
 
 
 def empty_capacity() -> Capacity:
-    return Capacity(free_slots=0, queued=0, in_flight=0, healthy_backends=0, draining=False)
+    return Capacity(free_slots=0, queued=0, in_flight=0, waiting=0, healthy_backends=0, draining=False)
 
 
 def check_capacity(value: Any, *, what: str = "capacity") -> Capacity:
@@ -72,6 +73,9 @@ def check_capacity(value: Any, *, what: str = "capacity") -> Capacity:
         if not _is_int(v) or v < 0:
             raise GossipPayloadError(f"{what}.{key} must be a non-negative integer, got {v!r}")
         ints[key] = v
+    waiting = value.get("waiting", 0)  # absent from a member older than the field
+    if not _is_int(waiting) or waiting < 0:
+        raise GossipPayloadError(f"{what}.waiting must be a non-negative integer, got {waiting!r}")
     draining = value.get("draining")
     if not isinstance(draining, bool):
         raise GossipPayloadError(f"{what}.draining must be a boolean, got {draining!r}")
@@ -79,6 +83,7 @@ def check_capacity(value: Any, *, what: str = "capacity") -> Capacity:
         free_slots=ints["free_slots"],
         queued=ints["queued"],
         in_flight=ints["in_flight"],
+        waiting=waiting,
         healthy_backends=ints["healthy_backends"],
         draining=draining,
     )

@@ -293,15 +293,16 @@ async def test_a_hand_over_that_never_reached_the_thief_queues_the_rollouts_agai
                      "draining": False},
         "updated_at": 0.0, "state": "alive"}]})
     ids = await submit_here(busy, sleep_task(run_s=60), 6)
-    with trio.fail_after(10):
-        while busy.pipeline.statistics()["queued"] != 3:  # 1 slot per stage: 3 started
+    with trio.fail_after(10):  # 1 slot per stage: 1 runs, 2 wait through INIT, 3 queued
+        while (busy.pipeline.statistics()["queued"], busy.pipeline.waiting) != (3, 2):
             await trio.sleep(0.05)
     assert busy.front.stealer is not None
     answer = await busy.front.stealer.give(StealRequest(node_id="ghost", max=8))
     assert answer == {"moved": []}
     stats = busy.pipeline.statistics()
-    assert (stats["queued"], stats["handed_over"]) == (3, 0)
-    assert busy.front.stealer.statistics()["taken_back"] == 2  # half the queue, rounded up
+    assert (stats["queued"], stats["waiting"], stats["handed_over"]) == (3, 2, 0)
+    # half of the 5 unstarted, rounded up, the queued ones first
+    assert busy.front.stealer.statistics()["taken_back"] == 3
     async with AsyncClient(busy.urls[0], token="fedtok") as c:
         for i in ids:
             assert (await c.get(i)).status.value in ("queued", "init", "run")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import shutil
 import weakref
 
 import pytest
@@ -156,3 +157,54 @@ async def test_drain_cancels_queued_and_waits_for_in_flight(start_node, autojump
     # `late` was in flight (waiting between stages) and got the drain window; `stuck` too.
     assert {late.status, stuck.status} <= {Status.completed, Status.cancelled}
     assert node.pipeline.live == 0
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+async def test_hand_over_takes_queued_jobs_then_those_waiting_after_init(nursery, tmp_path, caplog):
+    """Work stealing's victim side (daemon/steal.py) on a real bwrap supervisor: queued jobs
+    go first, then jobs through INIT that wait for a RUN worker, newest first; those give
+    their sandboxes back and are queued again by status. Taken back, they run here."""
+    from rolloutd.daemon.node import Node
+    from rolloutd.daemon.pipeline import Services
+    from rolloutd.daemon.tasks import TaskRegistry
+    from rolloutd.sandbox import SandboxSupervisor
+
+    from .conftest import make_settings
+    from .test_sampling import SandboxedSleep
+
+    sup = SandboxSupervisor(default_backend="bwrap", state_dir=tmp_path / "sb", boot_id="test-boot")
+    await nursery.start(sup.run)
+    registry = TaskRegistry.default()
+    registry.register(SandboxedSleep())
+    node = Node(make_settings(tmp_path, n_init=1, n_run=1, n_eval=1),
+                services=Services(supervisor=sup), registry=registry)
+    await nursery.start(node.pipeline.run)
+    pipeline = node.pipeline
+    sub = node.submit(RolloutRequest(task={"kind": "sleep-sandboxed", "run_s": 30}, n=4))
+    with trio.fail_after(30):  # 1 runs, 2 wait through INIT (one in the INIT worker's hands), 1 queued
+        while (len(pipeline.intake), pipeline.waiting) != (1, 2):
+            await trio.sleep(0.02)
+    assert sup.statistics()["live"] == 3
+    running = next(j for j in sub.jobs if j.status is Status.run)
+    waiting_ids = [j.id for j in sub.jobs if j.status is Status.init]
+    assert len(waiting_ids) == 2
+
+    with caplog.at_level("INFO", logger="rolloutd.daemon.pipeline"):
+        taken = await pipeline.hand_over(2, lambda job: True)
+    queued = [j for j in sub.jobs if j is not running and j.id not in waiting_ids]
+    assert taken[0] is queued[0]  # the queued one first
+    assert taken[1].id == waiting_ids[-1]  # then the newest of those waiting
+    assert all(j.status is Status.queued and j.sandbox is None for j in taken)
+    assert sup.statistics()["live"] == 2  # its sandbox is gone; the others' are not
+    assert (len(pipeline.intake), pipeline.waiting, pipeline.away) == (0, 1, 2)
+    assert any(f"rollout {taken[1].id} withdrawn after INIT" in r.getMessage() for r in caplog.records)
+
+    pipeline.take_back(taken)  # the peer did not take them: they run here after all
+    assert (len(pipeline.intake), pipeline.waiting, pipeline.away) == (2, 1, 0)
+    for job in sub.jobs:
+        pipeline.cancel(job)
+    with trio.fail_after(30):
+        await node.service.wait(sub.jobs)
+        while sup.statistics()["live"]:
+            await trio.sleep(0.05)
+    assert {j.status for j in sub.jobs} == {Status.cancelled}

@@ -19,7 +19,8 @@ Then: every id reached exactly one terminal status through A, and says the same 
 again; every outcome other than ``completed`` (reward 1) is explained by the chaos (``failed``
 with error type ``peer_lost`` naming B or C, or ``lost`` from the restarted C); most
 completed. No rollout ran twice: each daemon logs ``rollout <id> started on <node>`` when a
-rollout's INIT starts, and across every daemon's log (every incarnation) each id starts at
+rollout enters RUN (work stealing may move one that is through INIT: it then runs INIT on
+both daemons, its agent on one), and across every daemon's log (every incarnation) each id starts at
 most once, and a completed one exactly once, on the node its trajectory names. No sandbox is
 left: within 10 s of C's SIGKILL no process of its sandboxes lives on (the daemon's lifeline
 ends each helper), and C's restart swept its sandbox dirs; after all daemons stop (SIGTERM, drain, exit 0) no process mentions the test's state dirs, and no
