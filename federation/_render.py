@@ -28,6 +28,7 @@ def render_members(
     table.add_column("state")
     table.add_column("free", justify="right")
     table.add_column("queued", justify="right")
+    table.add_column("waiting", justify="right")  # through INIT, before RUN
     table.add_column("running", justify="right")
     table.add_column("backends", justify="right")
     table.add_column("last heard", justify="right")
@@ -47,7 +48,7 @@ def render_members(
             str(m.get("url", "-")),
             state_text,
             *(_num(cap.get(k), stale=stale)
-              for k in ("free_slots", "queued", "in_flight", "healthy_backends")),
+              for k in ("free_slots", "queued", "waiting", "in_flight", "healthy_backends")),
             "now" if m.get("self") else _ago(m.get("last_heard_s")),
         )
     if any_stale:

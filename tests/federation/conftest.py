@@ -35,6 +35,7 @@ class Cap:
     free_slots: int = 4
     queued: int = 0
     in_flight: int = 0
+    waiting: int = 0
     healthy_backends: int = 1
     draining: bool = False
 
@@ -43,6 +44,7 @@ class Cap:
             free_slots=self.free_slots,
             queued=self.queued,
             in_flight=self.in_flight,
+            waiting=self.waiting,
             healthy_backends=self.healthy_backends,
             draining=self.draining,
         )

@@ -48,6 +48,7 @@ def record(**over):
         {"members": [record(capacity={"free_slots": 1})]},
         {"members": [record(capacity={**Cap()(), "draining": "no"})]},
         {"members": [record(capacity={**Cap()(), "queued": -1})]},
+        {"members": [record(capacity={**Cap()(), "waiting": "2"})]},
     ],
 )
 async def test_malformed_gossip_is_refused_and_merges_nothing(payload):
@@ -114,3 +115,15 @@ def test_took_at_round_trips_and_a_malformed_one_is_ignored():
     for bad in ("", "3", "3.", ".4", "-1.2", "3.4.5", "a.b", "9" * 50 + ".1"):
         assert federation.took_at({federation.TOOK_AT_HEADER: bad}) is None, bad
     assert federation.took_at({}) is None
+
+
+async def test_capacity_without_waiting_counts_none_waiting():
+    """A member older than the ``waiting`` field (work stealing of rollouts through INIT)."""
+    fed = Federation("a", "http://a:1", capacity=Cap())
+    old = {k: v for k, v in Cap(waiting=3)().items() if k != "waiting"}
+    fed.handle_gossip({"members": [record(capacity=old)]})
+    member = fed.member("b")
+    assert member is not None and member.capacity["waiting"] == 0
+    fed.handle_gossip({"members": [record(heartbeat=3, capacity=Cap(waiting=3)())]})
+    member = fed.member("b")
+    assert member is not None and member.capacity["waiting"] == 3
