@@ -43,6 +43,9 @@ _HEX = re.compile(r"[0-9a-f]{64}")
 _PREFIX = re.compile(r"(?:sha256:)?([0-9a-f]{12,64})")
 #: Shortest digest prefix a ref may use.
 MIN_PREFIX = 12
+#: An image's recorded last use is rewritten at most this often (gc orders by it): every
+#: sandbox open acquires its image, and a record write each time costs more than the rest.
+LAST_USED_EVERY_S = 60.0
 
 
 def _hex(digest: str) -> str:
@@ -85,6 +88,8 @@ class ImageStore:
         self._hits = self._misses = 0
         self._unpack_total = self._unpack_last = 0.0
         self._held: dict[str, list[int]] = {}  # digest -> fds of its shared use locks
+        # ref -> (the records dir's mtime, digest) of its last resolution: see _known
+        self._refs: dict[str, tuple[int, str]] = {}
         self._clear_tmp()
 
     # -- locks and scratch space ----------------------------------------------------------
@@ -166,9 +171,34 @@ class ImageStore:
                      created=float(rec["created"]), last_used=float(rec["last_used"]))
 
     def _touch(self, rec: dict[str, Any]) -> Image:
-        rec["last_used"] = time.time()
-        _write_json(self._record_path(rec["digest"]), rec)
+        now = time.time()
+        if not now - LAST_USED_EVERY_S < float(rec["last_used"]) <= now:
+            rec["last_used"] = now
+            _write_json(self._record_path(rec["digest"]), rec)
         return self._image(rec)
+
+    def _records_mtime(self) -> int:
+        return os.stat(self.root / "images").st_mtime_ns
+
+    def _known(self, ref: str) -> dict[str, Any] | None:
+        """The record ``ref`` resolved to last time, if nothing in the records dir changed
+        since (every record write is a rename there) and the record still answers to ``ref``:
+        one stat and one small read instead of reading every record (a store of per-task
+        images holds hundreds, and every sandbox open resolves its image)."""
+        known = self._refs.get(ref)
+        if known is None:
+            return None
+        mtime, digest = known
+        rec = self._read_record(self._record_path(digest)) if self._records_mtime() == mtime else None
+        if rec is not None and (ref in rec.get("names", ()) or (
+                rec.get("source") == ref and rec.get("source_stamp") == _stamp(ref))):
+            return rec
+        self._refs.pop(ref, None)
+        return None
+
+    def _remember(self, ref: str, rec: dict[str, Any], mtime: int) -> None:
+        if not _PREFIX.fullmatch(ref.strip()):  # a digest is found without a scan anyway
+            self._refs[ref] = (mtime, rec["digest"])
 
     def _find(self, ref: str) -> dict[str, Any] | None:
         ref = ref.strip()
@@ -205,7 +235,15 @@ class ImageStore:
                 progress: Callable[[int, int], None] | None = None) -> Image:
         """A stored image, else the source ``ref`` imported (once, however many threads or
         processes ask at the same time)."""
+        rec = self._known(ref)
+        if rec is not None:
+            with self._stats_lock:
+                self._hits += 1
+            return self._touch(rec)
+        mtime = self._records_mtime()  # before the scan: a change during it is seen next time
         rec = self._find(ref) or (self._find_source(ref) if is_source(ref) else None)
+        if rec is not None:
+            self._remember(ref, rec, mtime)
         if rec is None and is_source(ref):
             key = hashlib.sha256(ref.encode()).hexdigest()[:32]
             with self._flock(f"ref-{key}"):

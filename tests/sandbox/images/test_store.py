@@ -258,3 +258,48 @@ def test_diff_id_mismatch(store, tmp_path):
     with pytest.raises(ImageError, match="the config says"):
         store.resolve(str(layout))
     assert not (store.root / "layers" / sha(TOP)[7:]).exists()
+
+
+def test_a_ref_seen_before_is_resolved_without_reading_every_record(store, tmp_path, monkeypatch):
+    """Every sandbox open resolves its image: with hundreds of per-task images stored, that
+    must not read every record. A known ref costs one stat and one record read, and is
+    looked up again in full once anything in the store changed (here: a name moved)."""
+    oci_layout(tmp_path / "oci", {f"t{i}": [layer_tar([entry("f", bytes([i]))])] for i in range(6)})
+    imgs = [store.import_(f"oci:{tmp_path / 'oci'}:t{i}", name=f"task-{i}") for i in range(6)]
+    source = f"oci:{tmp_path / 'oci'}:t3"
+    reads: list[str] = []
+    real_read = ImageStore._read_record
+
+    def counting(self, path):
+        reads.append(path.name)
+        return real_read(self, path)
+
+    monkeypatch.setattr(ImageStore, "_read_record", counting)
+    for ref, want in (("task-2", imgs[2]), (source, imgs[3])):
+        assert store.resolve(ref).digest == want.digest  # the first time: a scan
+        assert len(reads) >= 6
+        reads.clear()
+        for _ in range(3):
+            assert store.resolve(ref).digest == want.digest
+        assert reads == [want.digest[7:] + ".json"] * 3
+        reads.clear()
+    # the name moves to a newer image: the store changed, so the ref is looked up in full
+    oci_layout(tmp_path / "oci2", {"v": [layer_tar([entry("g", b"new")])]})
+    newer = store.import_(f"oci:{tmp_path / 'oci2'}:v", name="task-2")
+    assert store.resolve("task-2").digest == newer.digest
+    assert store.statistics()["hits"] >= 8
+
+
+def test_last_use_is_recorded_at_most_once_a_minute(store, tmp_path):
+    oci_layout(tmp_path / "oci", {"v1": [BASE]})
+    image = store.import_(f"oci:{tmp_path / 'oci'}:v1", name="test:v1")
+    record = store.root / "images" / f"{image.digest[7:]}.json"
+    before = record.stat().st_mtime_ns, image.last_used
+    for _ in range(3):
+        store.release(store.acquire("test:v1"))
+    assert (record.stat().st_mtime_ns, store.lookup("test:v1").last_used) == before
+    rec = json.loads(record.read_text())  # as if last used two minutes ago
+    rec["last_used"] -= 120
+    record.write_text(json.dumps(rec))
+    store.release(store.acquire("test:v1"))
+    assert store.lookup("test:v1").last_used > before[1]
