@@ -11,6 +11,8 @@ pytest, ipykernel; one layer, built once under ~/.cache/rolloutd-test-images).
 2. warm open: the same store (image already stored), bwrap backend with the daemon's
    ``sandbox_spares``; ``--n`` sequential opens, each timed from ``backend.open`` to
    ``sb.run(["/bin/true"])`` returning; the teardown is done but not counted.
+2b. Then (informational) the image lookup each open does, in a store of ``--store-images``
+    (300) small named images: ``acquire`` + ``release`` p50, by name and by source ref.
 3. anchor: ``podman run --rm --network none IMAGE /bin/true`` on the same image loaded into
    a private podman store (bench/_podman.py), ``--podman-n`` runs after one warm-up. The
    benchmark runs as root, so that podman is rootful; a rootless run as the user
@@ -68,6 +70,29 @@ MB = 1_000_000
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def store_lookup(root: Path, count: int, n: int = 200) -> dict[str, float]:
+    """A store of ``count`` small one-layer images, each with a name (as a store of per-task
+    images is): p50 ms of ``acquire`` + ``release`` by name and by source ref, which every
+    sandbox open does for its image (in a worker thread)."""
+    from tests.sandbox.images._build import entry, layer_tar, oci_layout
+
+    oci_layout(root / "oci", {f"t{i}": [layer_tar([entry("f", str(i).encode())])]
+                              for i in range(count)})
+    store = ImageStore(root / "store")
+    for i in range(count):
+        store.import_(f"oci:{root / 'oci'}:t{i}", name=f"task-{i}")
+    out = {}
+    middle = count // 2
+    for kind, ref in (("name", f"task-{middle}"), ("source", f"oci:{root / 'oci'}:t{middle}")):
+        samples = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            store.release(store.acquire(ref))
+            samples.append((time.perf_counter() - t0) * 1000)
+        out[kind] = statistics.median(samples)
+    return out
 
 
 def mem_available_mb() -> float:
@@ -314,6 +339,7 @@ async def main(args: argparse.Namespace) -> None:
         console.print(f"warm image open + /bin/true: n={args.n} p50 {p50:.1f} ms "
                       f"p95 {p95:.1f} ms")
         plain = await warm_opens(backend, None, max(10, args.n // 4))  # reference: no image
+        lookup = await trio.to_thread.run_sync(store_lookup, root / "many", args.store_images)
 
         # 3. density (before podman: its store would add to MemAvailable's drop otherwise)
         dens = await density(backend, ref, args.concurrent, args.density_deadline)
@@ -344,6 +370,10 @@ async def main(args: argparse.Namespace) -> None:
                   f"p50 {p50:.1f} ms, p95 {p95:.1f} ms", "p50 <= 25 ms", verdict(p50 <= 25))
         t.add_row(f"  reference: same backend, no image (host root), n={len(plain)}",
                   f"p50 {statistics.median(plain):.1f} ms, p95 {pct(plain, 0.95):.1f} ms",
+                  "", "")
+        t.add_row(f"  image lookup per open, store of {args.store_images} images "
+                  "(acquire + release; informational)",
+                  f"p50 {lookup['name']:.3f} ms by name, {lookup['source']:.3f} ms by source",
                   "", "")
         t.add_row(f"podman run --rm --network none IMAGE /bin/true, as root "
                   f"(the benchmark runs as root), n={args.podman_n}",
@@ -400,6 +430,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--density-deadline", type=float, default=180.0,
                    help="seconds to wait for all of them")
     p.add_argument("--no-rootless", action="store_true", help="skip the rootless podman try")
+    p.add_argument("--store-images", type=int, default=300,
+                   help="images in the store whose lookup time is shown")
     return p.parse_args(argv)
 
 
