@@ -69,6 +69,7 @@ class Pipeline:
         self._eval_send, self._eval_recv = trio.open_memory_channel[Job](settings.n_eval)
         self._live: set[Job] = set()
         self._away: set[Job] = set()  # handed over to a peer, not finished yet
+        self._nursery: trio.Nursery | None = None  # run()'s, while it runs
         self._idle = trio.Event()
         self._idle.set()
 
@@ -88,6 +89,13 @@ class Pipeline:
         if self.intake.remove(job):
             self._finish(job, Status.cancelled, stage=Stage.queue, etype="cancelled",
                          message="cancelled while queued")
+        elif self._nursery is not None and self.ready.remove(job):
+            # through INIT, waiting for a RUN worker: released now, not when one is free
+            self._nursery.start_soon(self._cancel_waiting, job)
+
+    async def _cancel_waiting(self, job: Job) -> None:
+        await self._conclude(job, Status.cancelled, stage=Stage.run, etype="cancelled",
+                             message="cancelled before run")
 
     @property
     def waiting(self) -> int:
@@ -187,13 +195,14 @@ class Pipeline:
     def cancel_all(self) -> None:
         self.cancel_queued()
         for job in [*self._live, *self._away]:
-            job.cancel()
+            self.cancel(job)
 
     # ---- the stages -----------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 for i in range(self.settings.n_init):
                     nursery.start_soon(self._init_worker, name=f"init-{i}")
                 for i in range(self.settings.n_run):
@@ -202,6 +211,7 @@ class Pipeline:
                     nursery.start_soon(self._eval_worker, self._eval_recv.clone(), name=f"eval-{i}")
                 task_status.started()
         finally:
+            self._nursery = None
             # Whatever is still live when the pipeline is torn down ends cancelled.
             with trio.move_on_after(RELEASE_TIMEOUT_S, shield=True):
                 for job in list(self._live):

@@ -81,6 +81,26 @@ async def test_cancel_in_each_stage(start_node, autojump_clock, stage):
     assert node.pipeline.stats[Stage(stage)].in_flight == 0
 
 
+async def test_cancel_while_waiting_for_run_ends_it_at_once(start_node, autojump_clock):
+    """A job through INIT that waits for a busy RUN worker ends (and gives back what INIT
+    gave it) when cancelled, not when a RUN worker frees up."""
+    node = await start_node(n_init=1, n_run=1, n_eval=1)
+    jobs = node.submit(req(n=3, init_s=1, run_s=100)).jobs
+    await trio.sleep(5)  # one runs, two wait in ready (one of them in the INIT worker's hands)
+    assert [j.status for j in jobs] == [Status.run, Status.init, Status.init]
+    assert node.pipeline.waiting == 2
+    node.service.cancel(jobs[1].id)
+    await jobs[1].done.wait()
+    assert trio.current_time() == pytest.approx(5)
+    assert jobs[1].status is Status.cancelled
+    assert (jobs[1].trajectory.error.stage, jobs[1].trajectory.error.message) == (
+        "run", "cancelled before run")
+    assert node.pipeline.waiting == 1 and jobs[0].status is Status.run
+    for job in (jobs[0], jobs[2]):
+        node.service.cancel(job.id)
+    await node.pipeline.wait_idle()
+
+
 async def test_cancel_while_queued_frees_the_slot(start_node, autojump_clock):
     node = await start_node(n_init=1, n_run=1, n_eval=1, queue_size=2)
     busy = node.submit(req(init_s=50)).jobs[0]
