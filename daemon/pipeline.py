@@ -1,4 +1,4 @@
-"""The INIT / RUN / EVAL pipeline: three independent worker pools joined by bounded channels.
+"""The INIT / RUN / EVAL pipeline: three independent worker pools joined by bounded queues.
 
     intake (JobQueue, bounded) -> INIT x n_init -> ready (JobQueue) -> RUN x n_run
                                 -> eval channel -> EVAL x n_eval -> result store

@@ -63,6 +63,16 @@ def _stamp(ref: str) -> list[int] | None:
     return [st.st_size, st.st_mtime_ns]
 
 
+def _named(rec: dict[str, Any], ref: str) -> bool:
+    """Whether record ``rec`` carries the name ``ref``."""
+    return ref.strip() in rec.get("names", ())
+
+
+def _from_source(rec: dict[str, Any], ref: str, stamp: list[int] | None) -> bool:
+    """Whether record ``rec`` was imported from the source ``ref`` as it stands (``stamp``)."""
+    return rec.get("source") == ref and rec.get("source_stamp") == stamp
+
+
 def _write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
@@ -190,8 +200,7 @@ class ImageStore:
             return None
         mtime, digest = known
         rec = self._read_record(self._record_path(digest)) if self._records_mtime() == mtime else None
-        if rec is not None and (ref in rec.get("names", ()) or (
-                rec.get("source") == ref and rec.get("source_stamp") == _stamp(ref))):
+        if rec is not None and (_named(rec, ref) or _from_source(rec, ref, _stamp(ref))):
             return rec
         self._refs.pop(ref, None)
         return None
@@ -213,15 +222,12 @@ class ImageStore:
                 raise ImageError(f"digest prefix {ref!r} is ambiguous ({len(found)} images)")
             if found:
                 return self._read_record(found[0])
-        named = [r for r in self._records() if ref in r.get("names", ())]
+        named = [r for r in self._records() if _named(r, ref)]
         return max(named, key=lambda r: r["created"]) if named else None
 
     def _find_source(self, ref: str) -> dict[str, Any] | None:
         stamp = _stamp(ref)
-        for rec in self._records():
-            if rec.get("source") == ref and rec.get("source_stamp") == stamp:
-                return rec
-        return None
+        return next((rec for rec in self._records() if _from_source(rec, ref, stamp)), None)
 
     # -- public API -------------------------------------------------------------------------
 
