@@ -14,8 +14,6 @@ for its instance).
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import functools
 import json
 import logging
@@ -36,6 +34,7 @@ from ._exceptions import SandboxClosed, SandboxStartError
 from ._helper import LIFELINE_FD, kill_marked
 from ._launcher import Launcher
 from ._layout import Layout, SandboxDirs, kill_recorded, mounts_under
+from ._libc import mount_tmpfs, umount
 from ._limits import Cgroup, LimitPlan, Limits
 from ._models import SandboxSpec
 from ._protocol import HelperClient
@@ -165,7 +164,7 @@ class Backend:
     def _disk_mechanism(self, spec: SandboxSpec, handle: Handle) -> str:
         if spec.disk_mb is None:
             return "off"
-        if os.geteuid() == 0 and _mount_tmpfs(handle.dirs.workspace, spec.disk_mb):
+        if os.geteuid() == 0 and mount_tmpfs(handle.dirs.workspace, spec.disk_mb):
             handle.mounted.append(str(handle.dirs.workspace))
             return "tmpfs-workspace"
         return "unenforced"
@@ -381,7 +380,7 @@ class Backend:
                                           f"{MARKER_NAME}={handle.dirs.marker}".encode())
         await Limits.release(handle.cgroup)
         for point in handle.mounted:
-            _umount(point)
+            umount(point)
         handle.mounted.clear()
 
     # ----- sweep -----------------------------------------------------------------------
@@ -394,7 +393,7 @@ class Backend:
             await self._sweep_one(tag, sandbox_id, root)
             await Limits.release(self.limits.cgroup_for(tag, sandbox_id), timeout_s=2.0)
             for point in mounts_under(root):
-                _umount(point)
+                umount(point)
             _rmtree(root)
             with contextlib.suppress(OSError):
                 root.parent.rmdir()
@@ -428,7 +427,7 @@ def _write_private(path: Path, data: bytes) -> None:
 def _release_sync(handle: Handle) -> None:
     if handle.mounted:
         for point in handle.mounted:
-            _umount(point)
+            umount(point)
         handle.mounted.clear()
     if handle.launcher is not None:
         said = handle.launcher.log()
@@ -465,32 +464,3 @@ def _rmtree(root: Path) -> None:
 def _log_tail(handle: Handle, limit: int = 2000) -> str:
     said = handle.launcher.log() if handle.launcher is not None else ""
     return said[-limit:] or "(nothing on its stderr)"
-
-
-_libc: ctypes.CDLL | None = None
-
-
-def _c() -> ctypes.CDLL:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    return _libc
-
-
-def _mount_tmpfs(path: Path, size_mb: int) -> bool:
-    """Mount a size-capped tmpfs on ``path`` (root only); inodes are capped too (one per
-    16 KiB, as ext4 does), or an empty-file flood would only stop at the memory limit."""
-    inodes = max(4096, size_mb * 64)
-    opts = f"size={size_mb}m,nr_inodes={inodes},mode=0755,uid={os.getuid()},gid={os.getgid()}".encode()
-    if _c().mount(b"tmpfs", str(path).encode(), b"tmpfs", 0, opts) != 0:
-        log.warning("cannot mount tmpfs on %s: %s", path, os.strerror(ctypes.get_errno()))
-        return False
-    return True
-
-
-def _umount(point: str) -> None:
-    if _c().umount2(point.encode(), 2) != 0:  # MNT_DETACH
-        err = ctypes.get_errno()
-        if err not in (22, 2):  # EINVAL (not mounted), ENOENT
-            log.warning("cannot unmount %s: %s", point, os.strerror(err))
-

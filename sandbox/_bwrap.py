@@ -42,8 +42,9 @@ from typing import Any, ClassVar
 
 import trio
 
-from ._backend import Backend, Handle, _mount_tmpfs, first_child
+from ._backend import Backend, Handle, first_child
 from ._exceptions import ImageError, SandboxStartError
+from ._libc import mount_tmpfs
 from ._limits import RUN_MAX_MB, tmpfs_mb
 from ._models import SandboxSpec
 from ._runtime import Runtime, build_runtime
@@ -150,7 +151,7 @@ class BwrapBackend(Backend):
             if os.geteuid() == 0:
                 upper = handle.dirs.root / "overlay"
                 upper.mkdir()
-                if _mount_tmpfs(upper, spec.disk_mb or OVERLAY_DEFAULT_MB):
+                if mount_tmpfs(upper, spec.disk_mb or OVERLAY_DEFAULT_MB):
                     handle.mounted.append(str(upper))
                     (upper / "upper").mkdir()
                     (upper / "work").mkdir()
