@@ -185,7 +185,7 @@ class Backend:
             raise SandboxStartError(f"spec asks for backend {spec.backend!r}, not {self.name!r}")
         if self._closed:
             raise SandboxStartError(f"the {self.name} backend is closed")
-        handle = await self._take_spare() or Handle(self.layout.new())
+        handle = await self._take_spare(spec) or Handle(self.layout.new())
         sandbox: Sandbox | None = None
         try:
             sandbox = await self._start(spec, handle)
@@ -304,9 +304,13 @@ class Backend:
                 return
             self._spares.append(handle)
 
-    async def _take_spare(self) -> Handle | None:
-        while self._spares:
-            handle = self._spares.popleft()
+    def _spare_fits(self, handle: Handle, spec: SandboxSpec) -> bool:
+        """Whether the parked ``handle`` can become a sandbox of ``spec`` (any can, here)."""
+        return True
+
+    async def _take_spare(self, spec: SandboxSpec) -> Handle | None:
+        while handle := next((h for h in self._spares if self._spare_fits(h, spec)), None):
+            self._spares.remove(handle)
             assert handle.process is not None
             if handle.process.returncode is None:
                 self.spare_hits += 1

@@ -3,13 +3,17 @@ replaced, and gone after ``aclose`` or when the daemon's end of their stdin clos
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import signal
+import socket
 
 import pytest
 import trio
 
 from rolloutd.sandbox import SandboxSpec, SandboxStartError, open_backend
+from rolloutd.sandbox._backend import first_child
 from rolloutd.sandbox._launcher import NAME
 
 from ..conftest import descendants
@@ -74,3 +78,87 @@ async def test_a_spare_execs_nothing_without_go(state_dir, boot_id, leak_check):
         codes = [await eof.launcher.process.wait(), await other.launcher.process.wait()]
     assert codes == [1, 1] and parked() == []
     await backend.aclose()
+
+
+LOOPBACK_ECHO = ("import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1); "
+                 "c = socket.create_connection(s.getsockname()); a, _ = s.accept(); "
+                 "c.sendall(b'lo-ok'); print(a.recv(5).decode())")
+HOST_PROBE = ("import socket, sys\n"
+              "try:\n"
+              "    socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=2)\n"
+              "    print('connected')\n"
+              "except OSError as e: print('refused', e)\n")
+
+
+def netns(pid: int | str) -> str:
+    return os.readlink(f"/proc/{pid}/ns/net")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a rootless daemon cannot make a network "
+                    "namespace outside bwrap (test_parking_falls_back_to_bwraps_own_network_namespace covers that path)")
+async def test_a_spare_waits_in_a_network_namespace_of_its_own(state_dir, boot_id, leak_check):
+    """As root, a parked launcher starts in a fresh network namespace (loopback up), and its
+    sandbox keeps it; the daemon's thread is back in its own; a spec that asks for the
+    host's network does not take such a spare."""
+    home = os.readlink("/proc/thread-self/ns/net")
+    backend = open_backend("bwrap", state_dir=state_dir, boot_id=boot_id, check=True, spares=2)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = str(listener.getsockname()[1])
+    try:
+        backend.warm_up()
+        assert os.readlink("/proc/thread-self/ns/net") == home == netns("self")
+        spaces = [netns(h.process.pid) for h in backend._spares]
+        assert len(set(spaces)) == 2 and home not in spaces
+        assert all(h.extra["netns"] for h in backend._spares)
+        first = backend._spares[0]
+        async with backend.open(SandboxSpec()) as sb:
+            assert sb.id == first.dirs.id
+            r = await sb.run(["python3", "-c", LOOPBACK_ECHO], timeout_s=20)
+            assert r.stdout == b"lo-ok\n", r.stderr
+            r = await sb.run(["python3", "-c", HOST_PROBE, port], timeout_s=20)
+            assert r.stdout.startswith(b"refused"), r.stdout
+            helper = first_child(first.process.pid)
+            assert helper is not None and netns(helper) == spaces[0]
+        async with backend.open(SandboxSpec(network=True)) as sb:  # started on demand
+            assert sb.id not in {h.dirs.id for h in backend._spares}
+            r = await sb.run(["python3", "-c", HOST_PROBE, port], timeout_s=20)
+            assert r.stdout == b"connected\n", r.stdout
+        stats = backend.statistics()
+        assert (stats["spare_hits"], stats["spare_misses"], stats["spares"]) == (1, 1, 2)
+        assert os.readlink("/proc/thread-self/ns/net") == home
+    finally:
+        listener.close()
+        await backend.aclose()
+
+
+async def test_parking_falls_back_to_bwraps_own_network_namespace(state_dir, boot_id,
+                                                                   leak_check, monkeypatch,
+                                                                   caplog):
+    """Where the daemon cannot make a network namespace (rootless; a container without
+    CAP_SYS_ADMIN), spares park in its own and bwrap makes each sandbox's as it opens."""
+    from rolloutd.sandbox import _bwrap
+
+    @contextlib.contextmanager
+    def refused():
+        raise PermissionError(1, "unshare(CLONE_NEWNET): Operation not permitted")
+        yield
+
+    monkeypatch.setattr(_bwrap, "own_netns", refused)
+    backend = open_backend("bwrap", state_dir=state_dir, boot_id=boot_id, check=True, spares=1)
+    try:
+        with caplog.at_level(logging.INFO, logger="rolloutd.sandbox._bwrap"):
+            backend.warm_up()
+        assert not backend.parks_in_netns()
+        assert "Operation not permitted" in caplog.text or os.geteuid() != 0
+        [spare] = backend._spares
+        assert "netns" not in spare.extra and netns(spare.process.pid) == netns("self")
+        async with backend.open(SandboxSpec()) as sb:
+            assert sb.id == spare.dirs.id
+            r = await sb.run(["sh", "-c", "cat /proc/net/dev | grep -c :"], timeout_s=10)
+            assert r.stdout.strip() == b"1"  # bwrap's own namespace: loopback only
+            r = await sb.run(["python3", "-c", LOOPBACK_ECHO], timeout_s=20)
+            assert r.stdout == b"lo-ok\n", r.stderr
+    finally:
+        await backend.aclose()
