@@ -271,7 +271,7 @@ def bwrap_options(spec: SandboxSpec, handle: Handle, *, state_dir: str, lib_dir:
         argv += ["--tmpfs", path]
     if rootfs is None:
         argv += hidden_file_args()
-    argv += ["--ro-bind", lib_dir, lib_dir, *(runtime.bind_args() if runtime else ()),
+    argv += [*lib_binds(lib_dir, runtime),
              "--bind", str(dirs.control), str(dirs.control),
              "--bind", str(dirs.workspace), spec.workdir]
     for bind in spec.binds:
@@ -291,6 +291,19 @@ def bwrap_options(spec: SandboxSpec, handle: Handle, *, state_dir: str, lib_dir:
     argv += ["--as-pid-1", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
              "--hostname", "sandbox", "--chdir", spec.workdir]
     return argv
+
+
+def lib_binds(lib_dir: str, runtime: Runtime | None) -> list[str]:
+    """The helper's lib dir and its private interpreter, read-only, at their host paths,
+    and the host's stdlib on the interpreter's mount point. Where the two dirs share their
+    parent (``<state_dir>/lib``, which holds nothing but helper code and interpreters),
+    that parent is bound once: each bind costs bwrap a scan of the mount table."""
+    if runtime is None:
+        return ["--ro-bind", lib_dir, lib_dir]
+    parent = os.path.dirname(lib_dir)
+    if os.path.dirname(runtime.root) != parent:
+        return ["--ro-bind", lib_dir, lib_dir, *runtime.bind_args()]
+    return ["--ro-bind", parent, parent, "--ro-bind", runtime.stdlib, runtime.stdlib_mount]
 
 
 def _netns_works() -> bool:
