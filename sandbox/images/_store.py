@@ -10,6 +10,10 @@
                              time; "use-<hex>" held shared while an image is acquired
     root/tmp/<pid>.<rand>/   partial work, renamed into place; a dead process's is cleared
 
+``root/tmp`` is marked as the top of a directory hierarchy where the file system takes the
+hint (ext4's ``T`` attribute; see ``_spread_subdirs``), so that each unpack's files go
+to a block group chosen afresh rather than to the one the last removal just emptied.
+
 Every method is synchronous and blocks (unpacking takes seconds): the daemon calls them in a
 worker thread. Threads and processes sharing one root coordinate through the flocks: an
 image or layer is unpacked once however many ask for it at the same time.
@@ -26,6 +30,7 @@ import os
 import re
 import secrets
 import shutil
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -94,6 +99,7 @@ class ImageStore:
         self.max_bytes = max_bytes
         for sub in ("layers", "images", "rootfs", "tmp", "locks"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+        _spread_subdirs(self.root / "tmp")
         self._stats_lock = threading.Lock()
         self._hits = self._misses = 0
         self._unpack_total = self._unpack_last = 0.0
@@ -519,3 +525,32 @@ class ImageStore:
             return {"images": len(self._records()), "layers": len(sizes),
                     "bytes": sum(sizes.values()), "hits": self._hits, "misses": self._misses,
                     "unpack_s_total": self._unpack_total, "unpack_s_last": self._unpack_last}
+
+
+_FS_IOC_GETFLAGS = 0x80086601
+_FS_IOC_SETFLAGS = 0x40086602
+_FS_TOPDIR_FL = 0x00020000
+
+
+def _spread_subdirs(path: Path) -> None:
+    """Set the "top of a directory hierarchy" flag on ``path`` (``chattr +T``; its owner
+    may), where the file system has it: ext4 then places each new subdir in a block group
+    picked at random among those with room (Orlov), and the subdir's files follow it.
+    Without it an unpack's files go to the group with the most free inodes, which is the one
+    that the last removal of a store, a layer or a test tree just emptied; on an ext4 without
+    a journal every inode allocated there is first checked against the inodes deleted in the
+    last one to six minutes (``recently_deleted``), one inode table read each, so the unpack
+    of a 324 MB image took 8-13 s instead of 3.3 s after a few removals. Elsewhere (another
+    file system, a tmpfs) it does nothing."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        flags = struct.unpack("i", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, b"\0" * 4))[0]
+        if not flags & _FS_TOPDIR_FL:
+            fcntl.ioctl(fd, _FS_IOC_SETFLAGS, struct.pack("i", flags | _FS_TOPDIR_FL))
+    except OSError:  # ENOTTY/EOPNOTSUPP: no such flags here; EPERM: not ours
+        pass
+    finally:
+        os.close(fd)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import json
 import os
+import shutil
 import stat
+import struct
 import tarfile
 import threading
 from pathlib import Path
@@ -303,3 +306,32 @@ def test_last_use_is_recorded_at_most_once_a_minute(store, tmp_path):
     record.write_text(json.dumps(rec))
     store.release(store.acquire("test:v1"))
     assert store.lookup("test:v1").last_used > before[1]
+
+
+def _flags(path: Path) -> int | None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, 0x80086601, b"\0" * 4))[0]
+    except OSError:
+        return None  # a file system without inode flags
+    finally:
+        os.close(fd)
+
+
+def test_unpacks_go_to_block_groups_picked_afresh(tmp_path):
+    """The store's work dir carries ext4's top-of-hierarchy flag (chattr +T) where the file
+    system has inode flags: without it, an unpack after a removal crawled through the inodes
+    that removal freed (docs/sandbox.md). Nothing else is flagged, and a file system
+    without the flag still takes a store."""
+    store = ImageStore(tmp_path / "store")
+    flags = _flags(store.root / "tmp")
+    if flags is not None:
+        assert flags & 0x00020000
+        assert not (_flags(store.root / "layers") or 0) & 0x00020000
+    again = ImageStore(tmp_path / "store")  # flagged already: left as it is
+    assert _flags(again.root / "tmp") == flags
+    shm = Path("/dev/shm") / f"rolloutd-store-{os.getpid()}"
+    try:
+        ImageStore(shm)  # tmpfs: no such flag, no error
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
