@@ -44,7 +44,6 @@ def umount(point: str) -> None:
             log.warning("cannot unmount %s: %s", point, os.strerror(err))
 
 
-
 CLONE_NEWNET = 0x40000000
 _SIOCGIFFLAGS = 0x8913
 _SIOCSIFFLAGS = 0x8914
