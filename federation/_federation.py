@@ -4,7 +4,10 @@ Every member keeps a table of all members it knows. Each interval it bumps its o
 heartbeat, refreshes its capacity from the daemon's callback, and POSTs its whole table to
 `fanout` random live peers (plus a seed it has not met yet, plus one dead member to notice
 rejoins); each peer merges the table and answers with its own, which the sender merges in
-turn (push-pull).
+turn (push-pull). An exchange a peer started with us since our last round counts towards
+our `fanout` (it synced both tables as ours would have): we contact `fanout` minus those, at
+least one. So every member still takes part in about `fanout` exchanges a round, with half
+the requests of everyone contacting `fanout` (the HTTP of gossip is what it costs).
 
 Merging compares (incarnation, heartbeat, state rank): only the owner advances its
 heartbeat, so a newer version is proof of life and makes the member ALIVE again. A member
@@ -57,7 +60,8 @@ _DEFAULTS = GossipSettings()
 @dataclass(frozen=True, slots=True)
 class FederationStatistics:
     rounds: int  # gossip rounds started
-    exchanges: int  # push-pull exchanges that succeeded
+    exchanges: int  # push-pull exchanges this node started that succeeded
+    answered: int  # exchanges peers started with this node
     failures: int  # exchanges that failed (unreachable, timeout, bad answer)
     auth_failures: int  # exchanges a peer refused (401/403)
     refutations: int  # times this node bumped its incarnation to refute suspicion
@@ -124,10 +128,11 @@ class Federation:
         self._events: deque[tuple[Literal["dead", "rejoin"], Member]] = deque()
         self._wake = trio.Event()
         self._in_flight: set[str] = set()
+        self._heard: set[str] = set()  # peers that exchanged with us since our last round
         self._warned: set[str] = set()
         self._started = False
         self._leaving = False
-        self._rounds = self._exchanges = self._failures = 0
+        self._rounds = self._exchanges = self._failures = self._answered = 0
         self._auth_failures = self._refutations = 0
 
     # ---- reading -------------------------------------------------------------------------
@@ -181,6 +186,7 @@ class Federation:
         return FederationStatistics(
             rounds=self._rounds,
             exchanges=self._exchanges,
+            answered=self._answered,
             failures=self._failures,
             auth_failures=self._auth_failures,
             refutations=self._refutations,
@@ -231,7 +237,11 @@ class Federation:
 
         Raises GossipPayloadError (answer 400) when the payload is malformed; merges nothing
         in that case. The route checks the bearer token before calling this."""
-        self._merge(parse_payload(payload), trio.current_time())
+        records = parse_payload(payload)
+        self._merge(records, trio.current_time())
+        self._answered += 1
+        if records and records[0]["node_id"] in self._peers:  # the sender's own record comes first
+            self._heard.add(records[0]["node_id"])
         return self._payload()
 
     # ---- the loop ------------------------------------------------------------------------
@@ -288,12 +298,17 @@ class Federation:
         self._detect(trio.current_time())
 
     def _targets(self) -> list[str]:
-        """Peers to gossip with this round: `fanout` live ones, an unmet seed, a dead one."""
-        live = [m.url for m in self._peers.values() if not m.state.gone]
+        """Peers to gossip with this round: `fanout` live ones less those that exchanged with
+        us since the last round (at least one, none of those), an unmet seed, a dead one."""
+        live = [m for m in self._peers.values() if not m.state.gone]
         gone = [m.url for m in self._peers.values() if m.state.gone]
         known = {m.url for m in self._peers.values()} | {self._url}
         unmet = [s for s in self._seeds if s not in known]
-        targets = self._rng.sample(live, min(self._gossip.fanout, len(live)))
+        heard = {m.node_id for m in live} & self._heard
+        self._heard = set()
+        others = [m.url for m in live if m.node_id not in heard] or [m.url for m in live]
+        k = max(1, self._gossip.fanout - len(heard))
+        targets = self._rng.sample(others, min(k, len(others)))
         n_seeds = 1 if live else self._gossip.fanout
         targets += self._rng.sample(unmet, min(n_seeds, len(unmet)))
         if gone:

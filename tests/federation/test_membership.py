@@ -36,6 +36,26 @@ async def test_32_members_from_one_seed_converge_in_logarithmic_rounds(autojump_
         assert rounds <= math.log(32, 3) + 1, rounds  # measured: 2.05
 
 
+async def test_an_exchange_a_peer_started_counts_towards_the_fanout(autojump_clock):
+    """Push-pull syncs both tables, so a member contacts `fanout` less the peers that
+    contacted it since its last round: each still takes part in about `fanout` exchanges a
+    round, with about half the requests (every member contacting 3 would make 6 a round)."""
+    async with open_cluster(fanout=3) as c:
+        for i in range(8):
+            await c.start(f"n{i}")
+        await c.wait_converged(step=0.1)
+        before = {name: n.fed.statistics() for name, n in c.nodes.items()}
+        await trio.sleep(20.0)
+        after = {name: n.fed.statistics() for name, n in c.nodes.items()}
+        rounds = sum(after[k].rounds - before[k].rounds for k in after)
+        started = sum(after[k].exchanges - before[k].exchanges for k in after)
+        answered = sum(after[k].answered - before[k].answered for k in after)
+        assert started == answered  # every exchange has one side that started it
+        assert 1.0 <= started / rounds <= 2.0, started / rounds  # measured: 1.66
+        assert 2 * started / rounds >= 2.5  # exchanges each member takes part in, a round
+        assert all(v == "alive" for n in c.nodes.values() for v in n.view().values())
+
+
 async def test_killed_peer_is_suspected_then_declared_dead(autojump_clock):
     async with open_cluster(gossip_interval_s=1.0, suspect_after_s=3.0, dead_after_s=6.0) as c:
         a = await c.start("a")
@@ -52,16 +72,21 @@ async def test_killed_peer_is_suspected_then_declared_dead(autojump_clock):
             seen.setdefault(state, trio.current_time())
             await trio.sleep(0.05)
 
-        # Its last heartbeat reached a at most one gossip interval (+jitter) before the kill.
-        assert t_kill + 3.0 - 1.15 <= seen["suspect"] <= t_kill + 3.0 + 0.1
-        assert t_kill + 6.0 - 1.15 <= seen["dead"] <= t_kill + 6.0 + 0.1
+        # Its last heartbeat reached a at most one gossip interval (+jitter) before the kill,
+        # or up to one round after it, through b (a heard it from b, not from c).
+        assert t_kill + 3.0 - 1.15 <= seen["suspect"] <= t_kill + 3.0 + 1.15
+        assert t_kill + 6.0 - 1.15 <= seen["dead"] <= t_kill + 6.0 + 1.15
         assert seen["suspect"] < seen["dead"]
         # on_dead ran once, at the tick that noticed it (or earlier, through b's gossip).
         [(t_dead, member)] = a.dead
         assert member.node_id == "c" and member.state is MemberState.DEAD
         assert t_kill + 6.0 - 1.15 <= t_dead <= t_kill + 6.0 + 1.15
-        # b agrees, and neither places work on c any more.
-        assert c.nodes["b"].view()["c"] == "dead"
+        # b agrees within a round (it may have heard c's last heartbeat a round after a
+        # did: members take part in about `fanout` exchanges a round, not all of them),
+        # and neither places work on c any more.
+        with trio.fail_after(1.15):
+            while c.nodes["b"].view()["c"] != "dead":
+                await trio.sleep(0.05)
         for _ in range(20):
             a.cap.free_slots = 0
             peer = a.fed.place()
