@@ -38,9 +38,15 @@ log = logging.getLogger(__name__)
 #: Connect quickly (a dead peer should not stall a submit); reads last as long as a rollout.
 TIMEOUT = httpx.Timeout(connect=3.0, read=None, write=30.0, pool=10.0)
 POLL_INTERVAL_S = 1.0
-#: While a peer's stream is open, results still missing are looked up this often.
+#: While a peer's stream is open, the results it has not delivered are looked up (a safety
+#: net: no run has yet found one it missed) SWEEP_MAX at a time, first after SWEEP_S, then
+#: twice as long after each sweep, at most SWEEP_MAX_S apart; the lookups of every relay
+#: to one peer share SWEEP_RATE a second. So the net costs a few requests per rollout
+#: however long it runs and however many streams are open.
 SWEEP_S = 5.0
+SWEEP_MAX_S = 60.0
 SWEEP_MAX = 16
+SWEEP_RATE = 20.0
 #: A lookup or cancel relayed to a peer: a partitioned peer answers 503 rather than hang.
 LOOKUP_TIMEOUT = httpx.Timeout(connect=3.0, read=10.0, write=10.0, pool=10.0)
 
@@ -71,6 +77,7 @@ class Forwarder:
         self._max_known = max_known
         self._lost: dict[str, Trajectory] = {}
         self._open: dict[str, set[trio.CancelScope]] = {}  # node id -> open forward requests
+        self._sweep_at: dict[str, float] = {}  # node id -> when its next sweep lookup may go
         self._http: httpx.AsyncClient | None = None
         self.forwarded_total = 0
 
@@ -269,13 +276,16 @@ class Forwarder:
     async def relay(self, node_id: str, ids: Sequence[str], send: trio.MemorySendChannel[str]) -> None:
         """Push the trajectories of ``ids`` (all on one peer) into ``send`` as they finish.
 
-        The peer's stream delivers them; meanwhile every ``SWEEP_S`` the ``SWEEP_MAX`` that
-        waited longest are looked up one by one, so a result the stream misses (a relay chain through a
-        peer that handed the rollout on) still arrives. Once the stream breaks off, they are
-        looked up every ``POLL_INTERVAL_S`` until each is finished or declared lost."""
+        The peer's stream delivers them; meanwhile the ``SWEEP_MAX`` that waited longest are
+        looked up one by one after ``SWEEP_S``, then at doubling intervals (at most
+        ``SWEEP_MAX_S``), paced per peer (``SWEEP_RATE``), so a result the stream misses (a
+        relay chain through a peer that handed the rollout on) still arrives. Once the stream
+        breaks off, they are looked up every ``POLL_INTERVAL_S`` until each is finished or
+        declared lost."""
         todo = list(ids)
         gone = False
         broke = trio.Event()
+        interval = SWEEP_S
 
         async def stream() -> None:
             nonlocal gone
@@ -298,10 +308,15 @@ class Forwarder:
                 if broke.is_set():
                     await trio.sleep(POLL_INTERVAL_S)
                 else:
-                    with trio.move_on_after(SWEEP_S):
+                    with trio.move_on_after(interval):
                         await broke.wait()
-                # While the stream is open, a bounded sweep of the longest-waiting ones.
+                    interval = min(2 * interval, SWEEP_MAX_S)
+                # While the stream is open, a bounded, paced sweep of the longest-waiting ones.
                 for job_id in list(todo) if broke.is_set() else todo[:SWEEP_MAX]:
+                    if not broke.is_set():
+                        await self._sweep_turn(node_id)
+                    if job_id not in todo:  # the stream delivered it meanwhile
+                        continue
                     try:
                         data = await self.get(job_id)
                     except PeerUnavailable:
@@ -314,6 +329,13 @@ class Forwarder:
                             gone = True
                             break
             nursery.cancel_scope.cancel()
+
+    async def _sweep_turn(self, node_id: str) -> None:
+        """Wait for the next of ``SWEEP_RATE`` sweep lookups a second to ``node_id``."""
+        now = trio.current_time()
+        at = max(now, self._sweep_at.get(node_id, now))
+        self._sweep_at[node_id] = at + 1 / SWEEP_RATE
+        await trio.sleep_until(at)
 
     async def _stream(self, node_id: str, todo: list[str], send: trio.MemorySendChannel[str]) -> None:
         member = self._member(node_id)

@@ -25,6 +25,7 @@ class Peer:
     def __init__(self, mode: str, status: int = 200, body: object = None) -> None:
         self.mode, self.status, self.body = mode, status, body
         self.requests: list[bytes] = []
+        self.at: list[float] = []  # when each request arrived (trio's clock)
         self.port = 0
         self.gate: trio.Event | None = None  # when set: answers wait for it
         self.hang_streams = False  # a stream request gets no answer
@@ -44,6 +45,7 @@ class Peer:
                     return
                 data += chunk
             self.requests.append(data)
+            self.at.append(trio.current_time())
             if self.mode == "hang" or (self.hang_streams and b"/v1/rollouts/stream" in data):
                 await trio.sleep_forever()
             if self.mode == "answer":
@@ -227,6 +229,59 @@ async def test_a_result_the_peers_stream_never_delivers_still_arrives_by_lookup(
         while not lines:
             await trio.sleep(0.05)
     assert lines == [{"id": ids[0], "status": "completed"}]
+
+
+def lookups(peer: Peer) -> list[float]:
+    """When the peer's single-rollout lookups (GET /v1/rollouts/<id>) arrived."""
+    return [t for r, t in zip(peer.requests, peer.at, strict=True) if r.startswith(b"GET /v1/rollouts/r")]
+
+
+async def test_the_lookups_of_an_open_stream_back_off(nursery, monkeypatch):
+    """The safety net of a silent stream looks up after SWEEP_S, then twice as long after
+    each sweep up to SWEEP_MAX_S: a long rollout costs a few lookups, not one every SWEEP_S."""
+    from rolloutd.daemon import forward
+
+    monkeypatch.setattr(forward, "SWEEP_S", 0.1)
+    monkeypatch.setattr(forward, "SWEEP_MAX_S", 0.4)
+    fwd, peer = await forwarded(nursery)
+    ids = fwd.live.jobs_on("peer")
+    peer.hang_streams = True
+    peer.status, peer.body = 200, {"id": ids[0], "status": "run"}  # never finished
+    send, recv = trio.open_memory_channel[str](2)
+    with recv:
+        start = trio.current_time()
+        with trio.move_on_after(1.65):
+            await fwd.relay("peer", ids[:1], send)
+    times = [t - start for t in lookups(peer)]
+    # after 0.1, 0.3, 0.7, 1.1 and 1.5 s (a fixed 0.1 s would have made 16); a sweep waits
+    # from the end of the one before, so a slow machine makes fewer and longer gaps only
+    assert 3 <= len(times) <= 5, times
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert gaps[0] >= 0.2 and all(g >= 0.4 for g in gaps[1:]), gaps
+
+
+async def test_the_lookups_of_every_relay_to_one_peer_share_a_rate(nursery, monkeypatch):
+    """However many streams are open, sweep lookups to one peer go at most SWEEP_RATE a second."""
+    from rolloutd.daemon import forward
+
+    monkeypatch.setattr(forward, "SWEEP_S", 0.05)
+    monkeypatch.setattr(forward, "SWEEP_RATE", 20.0)
+    fwd, peer = await forwarded(nursery)
+    await fwd.submit(peer.member, BODY, 2, wait=False)
+    await fwd.submit(peer.member, BODY, 2, wait=False)
+    ids = fwd.live.jobs_on("peer")
+    assert len(ids) == 6
+    peer.hang_streams = True
+    peer.status, peer.body = 200, {"id": ids[0], "status": "run"}
+    with trio.move_on_after(0.6):
+        async with trio.open_nursery() as relays:
+            for k in range(3):  # three streams, two rollouts each
+                send, recv = trio.open_memory_channel[str](2)
+                relays.start_soon(fwd.relay, "peer", ids[2 * k: 2 * k + 2], send)
+                relays.start_soon(trio.sleep_forever)  # holds recv open
+    times = sorted(lookups(peer))
+    assert 6 <= len(times) <= 13, times  # the first sweep of each of the three; 20 a second
+    assert times[5] - times[0] >= 0.2, times  # six lookups started 0.05 s apart
 
 
 @pytest.mark.parametrize("status", [500, 503])
