@@ -256,7 +256,7 @@ class Federation:
         client = httpx.AsyncClient(
             transport=self._transport,
             timeout=httpx.Timeout(self._gossip.request_timeout_s),
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=60.0),
         )
         try:
             async with trio.open_nursery() as nursery:
