@@ -343,7 +343,7 @@ class Forwarder:
         async with self._client().stream("GET", f"{member.url}/v1/rollouts/stream", params=params) as resp:
             async for line in resp.aiter_lines():
                 if line.strip():
-                    job_id = json.loads(line)["id"]
+                    job_id = line_id(line)
                     if job_id not in todo:  # a lookup delivered it already
                         continue
                     if job_id in self._lost:  # declared lost first: that answer stands
@@ -412,6 +412,21 @@ class Forwarder:
         if node_id is None:
             raise PeerUnavailable(f"no peer is known to hold {job_id} any more")
         return self._member(node_id)
+
+
+def line_id(line: str) -> str:
+    """The ``id`` of a trajectory line of a peer's stream. The peer writes it first
+    (``{"id":"<id>",...``: ``model_dump_json``), so it is read without parsing the rest: a
+    long rollout's trajectory is megabytes of tokens and logprobs, and the front relays every
+    one. A line of any other form is parsed (ValueError, KeyError when it is no trajectory)."""
+    if line.startswith('{"id":"'):
+        end = line.find('"', 7)
+        if end > 7 and "\\" not in line[7:end]:
+            return line[7:end]
+    job_id = json.loads(line)["id"]
+    if not isinstance(job_id, str):
+        raise ValueError(f"a trajectory's id is a string, not {job_id!r}")
+    return job_id
 
 
 def _error_message(body: Any) -> str:

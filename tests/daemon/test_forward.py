@@ -315,3 +315,21 @@ async def test_a_relay_whose_lookups_meet_errors_goes_on_until_the_result(nurser
     peer.status, peer.body = 200, {"id": ids[0], "status": "completed"}
     with trio.fail_after(10), recv:
         assert json.loads(await recv.receive()) == {"id": ids[0], "status": "completed"}
+
+
+def test_a_relayed_line_s_id_is_read_without_parsing_the_trajectory():
+    """The front relays every trajectory of a peer's stream; it reads only the id, which the
+    peer writes first. Other forms are parsed; a line that is no trajectory is refused."""
+    from rolloutd.daemon.forward import line_id
+    from rolloutd.daemon.trajectory import Trajectory
+
+    line = Trajectory(id="r-1", reward=1.0).model_dump_json()
+    assert line.startswith('{"id":"r-1",') and line_id(line) == "r-1"
+    assert line_id('{"id":"r-\\u00e9x","status":"completed"}') == "r-\u00e9x"  # escaped: parsed
+    assert line_id('{"status":"completed","id":"r-2"}') == "r-2"  # another order: parsed
+    with pytest.raises(KeyError):
+        line_id('{"error":{"message":"busy"}}')
+    with pytest.raises(ValueError):
+        line_id('{"id":7}')
+    with pytest.raises(ValueError):
+        line_id("not json")
