@@ -50,6 +50,12 @@ load": this VM is shared) and the hypervisor's steal.
    cores) and 8 x the slots of each stage gets the same burst as N = 8.
    vs_control_8 = rps_8 / rps_control.
 
+Every size and the control are measured ``--repeats`` times (3), each a burst of its own
+after its own warm-up and idle spell, and the run with the median rollouts/s stands for it
+(its latencies, work and CPU; every repeat's rollouts/s is printed). One 16-rollout burst of
+one daemon measured 0.82 and 1.08 rollouts/s minutes apart on this shared VM, and every
+eff_N divides by that one figure.
+
 rollouts/s: rollouts / (first submit to last result), what a trainer waiting for its batch
 sees. Latency: from the client's submit to the result's arrival in its stream (p50, p99).
 Per-daemon work: the rollouts each daemon ran, from each trajectory's ``node_id`` (the
@@ -57,7 +63,7 @@ daemon that ran it), else (a result without it) from the daemons' GET /v1/status
 counts; the table says which. tail_ratio_8 = busiest / mean of the 8 daemons' work.
 Targets: eff_8 >= 0.9, vs_control_8 >= 0.95, tail_ratio_8 <= 1.15.
 
-    sudo .venv/bin/python bench/federation.py      # about 8 minutes on this 2-core VM
+    sudo .venv/bin/python bench/federation.py      # about 10 minutes on this 2-core VM
     sudo .venv/bin/python bench/federation.py --sizes 1,2 --sweep 1,2 --per-daemon 6  # 3 min
     sudo .venv/bin/python bench/federation.py --keep-logs /tmp/fedlogs  # daemons log at info
 
@@ -772,6 +778,8 @@ class Result:
     idle_share: list[float]  # per daemon: CPU used while idle, as a share of its budget
     indices: list[int] = dataclasses.field(default_factory=list)
     exit_codes: list[int | None] = dataclasses.field(default_factory=list)
+    repeats: list[float] = dataclasses.field(default_factory=list)  # rollouts/s of each repeat
+    other_failures: list[Outcome] = dataclasses.field(default_factory=list)  # of the other repeats
 
     @property
     def rollouts(self) -> int:
@@ -880,7 +888,7 @@ def results_table(title: str, results: list[Result], base: Result | None) -> Tab
     table = Table(title=title)
     cols = ["run", "daemons", "cores each", "slots each init/run/eval", "rollouts", "ok", "seconds",
             "rollouts/s", "eff vs budgets x 1", "p50 s", "p99 s", "forwarded", "work per daemon",
-            "busiest/mean"]
+            "busiest/mean", "rollouts/s of each repeat"]
     for col in cols if base else [c for c in cols if c not in ("eff vs budgets x 1", "forwarded")]:
         table.add_column(col, justify="right")
     for r in results:
@@ -894,7 +902,8 @@ def results_table(title: str, results: list[Result], base: Result | None) -> Tab
         row += [f"{r.latency(0.5):.1f}", f"{r.latency(0.99):.1f}"]
         if base:
             row.append(f"{100 * r.forwarded / max(1, r.rollouts):.0f}%")
-        row += [" ".join(str(w) for w in r.work), f"{r.tail_ratio:.2f}"]
+        row += [" ".join(str(w) for w in r.work), f"{r.tail_ratio:.2f}",
+                " ".join(f"{x:.2f}" for x in r.repeats) or "-"]
         table.add_row(*row)
     return table
 
@@ -944,6 +953,8 @@ async def bench(args: argparse.Namespace) -> None:
     CFS_PERIOD_US = args.cfs_period_us
     sizes = [int(s) for s in args.sizes.split(",")]
     sweep_runs = [int(s) for s in args.sweep.split(",")] if args.sweep else []
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be at least 1")
     if sizes[0] != 1 or sizes != sorted(set(sizes)):
         raise SystemExit("--sizes must start with 1 (the one-budget baseline) and grow")
     if not ROLLOUTD.exists():
@@ -976,15 +987,16 @@ async def bench(args: argparse.Namespace) -> None:
         f"3 turns (2 bash tool calls, then finish), bwrap sandboxes. Gossip every "
         f"{gossip_interval():g} s. Work stealing: {STEALING_TEXT[args.stealing]}.")
     # A rough plan from runs on this 2-core VM: a daemon takes ~18 CPU-seconds to start
-    # (imports, tokenizer), so k daemons ~20 + 10 (k - 1) s; a rollout ~0.3 CPU-seconds on
-    # one daemon (~3.2 rollouts/s per core), and a federation reached ~70% of that.
-    burst_s = args.per_daemon / (3.2 * args.budget)
+    # (imports, tokenizer), so k daemons ~20 + 10 (k - 1) s; a rollout ~0.2 CPU-seconds on
+    # one daemon (~5 rollouts/s per core), and a federation reached ~70% of that.
+    burst_s = args.per_daemon / (5 * args.budget)
     steps = [n - m for m, n in zip([1, *sizes], sizes, strict=False) if n > m]
     est = (20 + 10 * (first - 1) + len(sweep_runs) * (burst_s + 10)
-           + sum(20 + 10 * (k - 1) + burst_s / 0.7 + 10 for k in steps)
-           + (0 if args.no_control else 20 + burst_s + 10) + 10)
+           + sum(20 + 10 * (k - 1) for k in steps) + len(sizes) * args.repeats * (burst_s / 0.7 + 10)
+           + (0 if args.no_control else 20 + args.repeats * (burst_s + 10)) + 10)
     console.print(f"expected time: about {est / 60:.0f} min ({len(sweep_runs)} sweep points, sizes {sizes}, "
-                  f"{'no' if args.no_control else 'one'} control; {args.per_daemon} rollouts per daemon)")
+                  f"{'no' if args.no_control else 'one'} control, {args.repeats} bursts each; "
+                  f"{args.per_daemon} rollouts per daemon)")
 
     def config(slots: tuple[int, int, int]) -> str:
         return daemon_config(slots, args.latency_s, args.stealing, args.gossip_interval_s,
@@ -1005,6 +1017,18 @@ async def bench(args: argparse.Namespace) -> None:
                 r.indices = list(cluster.indices)
                 console.print(describe(r))
                 return r
+
+            async def median_of_repeats(label: str, cluster: Cluster, slots: tuple[int, int, int],
+                                        cores: float, rollouts: int) -> Result:
+                """``--repeats`` bursts; the one with the median rollouts/s stands for them."""
+                runs = [await measured(label if args.repeats == 1 else f"{label} ({k + 1}/{args.repeats})",
+                                       cluster, slots, cores, rollouts)
+                        for k in range(args.repeats)]
+                mid = sorted(runs, key=lambda r: r.rps)[(len(runs) - 1) // 2]
+                return dataclasses.replace(mid, label=label, repeats=[r.rps for r in runs],
+                                           other_failures=[o for r in runs if r is not mid
+                                                           for o in r.failures],
+                                           warmup_failures=sum(r.warmup_failures for r in runs))
 
             # 1. saturation of one daemon under one budget; the daemons start together
             # (start-up is CPU-bound and slow), each on its own, and are measured in turn.
@@ -1034,19 +1058,19 @@ async def bench(args: argparse.Namespace) -> None:
             for n in sizes:
                 if n > len(members):
                     members += fleet.start(config(per), members, n - len(members))
-                results.append(await measured(f"federated {n}", Cluster(fleet, list(members)), per,
-                                              args.budget, n * args.per_daemon))
+                results.append(await median_of_repeats(f"federated {n}", Cluster(fleet, list(members)),
+                                                       per, args.budget, n * args.per_daemon))
                 if n == 1 and sweep_runs:
-                    console.print(f"federated 1: {results[-1].rps:.2f} rollouts/s in its own burst; "
-                                  f"the sweep's run of this daemon: {knee.rps:.2f}")
+                    console.print(f"federated 1: {results[-1].rps:.2f} rollouts/s, the median of its own "
+                                  f"bursts; the sweep's run of this daemon: {knee.rps:.2f}")
             # 3. the control, alone: one daemon with the biggest federation's total budget
             # and slots, on the same burst
             if not args.no_control:
                 fleet.stop(members)
                 solo = fleet.start(config(stage_slots(slots, top)), [], 1)
-                results.append(await measured(f"control (1 x {top} budgets)", Cluster(fleet, solo),
-                                              stage_slots(slots, top), top * args.budget,
-                                              top * args.per_daemon))
+                results.append(await median_of_repeats(f"control (1 x {top} budgets)", Cluster(fleet, solo),
+                                                       stage_slots(slots, top), top * args.budget,
+                                                       top * args.per_daemon))
     finally:
         fleet.stop_all()
         CLEANUP()
@@ -1079,6 +1103,11 @@ async def bench(args: argparse.Namespace) -> None:
             console.print(f"[red]{r.label}: {len(r.failures)} of {r.rollouts} rollouts did not "
                           "complete with reward 1; first ones:")
             for o in r.failures[:5]:
+                console.print(f"  [red]{o.status} reward={o.reward} node={o.node} {o.error}")
+        if r.other_failures:
+            console.print(f"[red]{r.label}: {len(r.other_failures)} rollouts of its other repeats did "
+                          "not complete with reward 1; first ones:")
+            for o in r.other_failures[:5]:
                 console.print(f"  [red]{o.status} reward={o.reward} node={o.node} {o.error}")
         if any(c != 0 for c in r.exit_codes):
             console.print(f"[red]{r.label}: daemon exit codes {r.exit_codes}")
@@ -1115,6 +1144,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="saturation: the fewest slots within this fraction of the sweep's best")
     p.add_argument("--latency-s", type=float, default=0.4, help="the scripted backend's latency per turn")
     p.add_argument("--no-control", action="store_true", help="skip the one-daemon control")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="bursts per size and for the control; the median one (by rollouts/s) stands")
     p.add_argument("--stealing", choices=("default", "on", "off"), default="default",
                    help="work_stealing in the daemons' config: the daemon's default (off), on or off")
     p.add_argument("--gossip-interval-s", type=float, default=None,
