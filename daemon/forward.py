@@ -66,6 +66,7 @@ class PeerAnswer:
     status: int
     body: Any
     took_at: tuple[int, int] | None = None  # the peer's version when it took them (202)
+    raw: bytes | None = None  # the peer's JSON body as it came, when ``body`` is it parsed
 
 
 class Forwarder:
@@ -152,10 +153,12 @@ class Forwarder:
                 rollouts = [self._lost[i].model_dump(mode="json") for i in ids if i in self._lost]
                 return PeerAnswer(200, {"group_id": body["group_id"], "rollouts": rollouts})
             return PeerAnswer(202, {"group_id": body["group_id"], "ids": ids})  # may run there
+        raw: bytes | None = resp.content
         try:
             data = resp.json()
         except ValueError:
             data = {"error": {"type": "bad_peer_answer", "message": resp.text[:500]}}
+            raw = None
         if resp.status_code in (429, 503):  # refused: it holds none of them
             self.forget(ids)
             raise PeerUnavailable(f"{node_id} refused the rollouts (HTTP {resp.status_code})")
@@ -169,7 +172,9 @@ class Forwarder:
             self.forwarded_total += len(ids)
         else:
             self.forwarded_total += len(ids)
-        return PeerAnswer(resp.status_code, data, took_at(resp.headers))
+        # relayed as it came: parsing and serializing again a wait's trajectories is most of
+        # what relaying them costs (ids are the peer's: _reconcile made them ours)
+        return PeerAnswer(resp.status_code, data, took_at(resp.headers), raw=raw)
 
     async def post(self, url: str, body: dict[str, Any], *, headers: dict[str, str] | None = None,
                    limits: httpx.Timeout | None = None) -> httpx.Response:

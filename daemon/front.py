@@ -159,18 +159,18 @@ class Front:
                 raise
             return traj
 
-    async def rollout(self, job_id: str) -> dict[str, Any]:
-        """A rollout's trajectory so far: here, in the journal, or on the peer it went to (a
-        rollout handed over to a peer is asked there until it ended)."""
+    async def rollout(self, job_id: str) -> str:
+        """A rollout's trajectory so far, as JSON: here, in the journal, or on the peer it went
+        to (a rollout handed over to a peer is asked there until it ended)."""
         job = self.service.store.get(job_id)
         if job is not None and (job.moved_to is None or job.done.is_set()):
-            return job.trajectory.model_dump(mode="json")
+            return job.trajectory.model_dump_json()
         if self.forwarder is not None and self.forwarder.knows(job_id):
             data: dict[str, Any] = await self._from_peer(self.forwarder.get(job_id))
-            return data
+            return json.dumps(data)
         found = await self.find(job_id)
         traj = found.trajectory if isinstance(found, Job) else found
-        return traj.model_dump(mode="json")
+        return traj.model_dump_json()
 
     async def replay(self, job_id: str) -> Submitted:
         """Replay finished rollout ``job_id`` here (daemon/replay.py): a new rollout."""

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any, ClassVar, Protocol
 
@@ -27,6 +28,7 @@ from rolloutd.daemon.api._http import (
     documented,
     errors,
     json_body,
+    json_text,
     ndjson,
     parse,
     query,
@@ -54,7 +56,7 @@ class Rollouts(Protocol):
     async def submit(self, body: dict[str, Any], req: RolloutRequest, *, wait: bool,
                      headers: Mapping[str, str]) -> Submitted | PeerAnswer: ...
     def accepted_headers(self, headers: Mapping[str, str]) -> dict[str, str]: ...
-    async def rollout(self, job_id: str) -> dict[str, Any]: ...
+    async def rollout(self, job_id: str) -> str: ...
     def list_rollouts(self, match: RolloutFilter, *, limit: int, offset: int) -> dict[str, Any]: ...
     async def cancel(self, job_id: str) -> Cancelled | PeerAnswer: ...
     async def open_stream(self, ids: list[str]) -> trio.MemoryReceiveChannel[str]: ...
@@ -143,13 +145,15 @@ def register(app: QuartTrio, rollouts: Rollouts, *, max_timeout_s: float) -> Non
         headers = dict(request.headers)
         result = await rollouts.submit(data, req, wait=wait, headers=headers)
         if isinstance(result, PeerAnswer):
+            if result.raw is not None:
+                return json_text(result.raw, result.status)
             return result.body, result.status
         if not wait:
             body = SubmitResponse(group_id=result.group_id, ids=[j.id for j in result.jobs],
                                   replayed=result.replayed)
             return body.model_dump(), 202, rollouts.accepted_headers(headers)
-        trajectories = [j.trajectory.model_dump(mode="json") for j in result.jobs]
-        return {"group_id": result.group_id, "rollouts": trajectories}, 200
+        trajectories = ",".join(j.trajectory.model_dump_json() for j in result.jobs)
+        return json_text(f'{{"group_id":{json.dumps(result.group_id)},"rollouts":[{trajectories}]}}')
 
     @app.get("/v1/rollouts")
     @document_querystring(ListQuery)
@@ -185,7 +189,7 @@ def register(app: QuartTrio, rollouts: Rollouts, *, max_timeout_s: float) -> Non
     @errors(400, 404, 503)  # 400: `stream` is no rollout id (GET /v1/rollouts/stream wants ?ids)
     async def get_rollout(job_id: str) -> Any:
         """The trajectory so far (``status`` says whether it is finished)."""
-        return await rollouts.rollout(job_id)
+        return json_text(await rollouts.rollout(job_id))
 
     @app.get("/v1/rollouts/<rollout_id:job_id>/tokens")
     @document_response(TokenPieces, 200)

@@ -32,6 +32,24 @@ async def test_submit_get_and_wait(asgi):
         assert r.json()["group_id"] == "g1"
 
 
+async def test_a_trajectory_is_answered_as_its_models_json(asgi):
+    """GET and wait answer with ``model_dump_json``'s text (what a stream line is), not a dict
+    serialized again: 8 against 53 ms for four trajectories of 32,000 tokens."""
+    from rolloutd.daemon.trajectory import Trajectory
+
+    client, node = await asgi()
+    async with client:
+        r = await client.post("/v1/rollouts?wait=true", json={"task": sleep_task(), "n": 2, "group_id": "g2"})
+        assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+        jobs = [node.service.get(t["id"]) for t in r.json()["rollouts"]]
+        texts = [job.trajectory.model_dump_json() for job in jobs]
+        assert r.text == '{"group_id":"g2","rollouts":[' + ",".join(texts) + "]}"
+        r = await client.get(f"/v1/rollouts/{jobs[0].id}")
+        assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+        assert r.text == texts[0]
+        assert Trajectory.model_validate_json(r.text) == jobs[0].trajectory
+
+
 async def test_stream_ndjson(asgi):
     client, node = await asgi()
     async with client:

@@ -231,6 +231,25 @@ async def test_a_result_the_peers_stream_never_delivers_still_arrives_by_lookup(
     assert lines == [{"id": ids[0], "status": "completed"}]
 
 
+async def test_a_forwarded_wait_s_answer_is_relayed_as_the_peer_sent_it(nursery):
+    """The front parses a peer's answer (for its ids) but relays the peer's bytes: parsing and
+    serializing again the trajectories of a wait is most of what relaying them costs."""
+    fwd = await forwarder(nursery)
+    peer = Peer("answer", 200, None)
+    await nursery.start(peer.serve)
+    meet(fwd, peer)
+
+    def answer(ids: list[str]) -> dict:
+        return {"group_id": "g-1", "rollouts": [{"id": i, "status": "completed", "note": "\u00e9"}
+                                                for i in ids]}
+
+    peer.body = answer(["r-x", "r-y"])  # the ids an earlier request with the client's key got
+    got = await fwd.submit(peer.member, {**BODY, "idempotency_key": "k"}, 2, wait=True)
+    assert got.status == 200 and got.raw == json.dumps(peer.body).encode()
+    assert got.body == peer.body
+    assert fwd.node_of("r-x") == "peer" and fwd.node_of("r-y") == "peer"  # the peer's ids stand
+
+
 def lookups(peer: Peer) -> list[float]:
     """When the peer's single-rollout lookups (GET /v1/rollouts/<id>) arrived."""
     return [t for r, t in zip(peer.requests, peer.at, strict=True) if r.startswith(b"GET /v1/rollouts/r")]
