@@ -1099,16 +1099,13 @@ async def bench(args: argparse.Namespace) -> None:
     for r in results:
         if r.warmup_failures:
             console.print(f"[red]{r.label}: {r.warmup_failures} warm-up rollouts did not complete with reward 1")
-        if r.failures:
-            console.print(f"[red]{r.label}: {len(r.failures)} of {r.rollouts} rollouts did not "
-                          "complete with reward 1; first ones:")
-            for o in r.failures[:5]:
-                console.print(f"  [red]{o.status} reward={o.reward} node={o.node} {o.error}")
-        if r.other_failures:
-            console.print(f"[red]{r.label}: {len(r.other_failures)} rollouts of its other repeats did "
-                          "not complete with reward 1; first ones:")
-            for o in r.other_failures[:5]:
-                console.print(f"  [red]{o.status} reward={o.reward} node={o.node} {o.error}")
+        for failed, which in ((r.failures, f"of {r.rollouts} rollouts"),
+                              (r.other_failures, "rollouts of its other repeats")):
+            if failed:
+                console.print(f"[red]{r.label}: {len(failed)} {which} did not complete with "
+                              "reward 1; first ones:")
+                for o in failed[:5]:
+                    console.print(f"  [red]{o.status} reward={o.reward} node={o.node} {o.error}")
         if any(c != 0 for c in r.exit_codes):
             console.print(f"[red]{r.label}: daemon exit codes {r.exit_codes}")
     console.print(f"total time: {(time.perf_counter() - started) / 60:.1f} min")
