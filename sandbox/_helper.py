@@ -9,9 +9,12 @@ sandbox, confined to the configured roots.
 
 Stdlib only, plus ptyprocess (imported lazily, for pty spawns). Start-up is most of a
 sandbox's open latency, so the helper imports only C modules (``_json``, ``_socket``,
-``select``, ``_signal``, ``_struct``: about 1 ms, where ``json``, ``socket``, ``selectors``
-and ``signal`` cost 11 ms through ``re`` and ``enum``); ``Codec`` and ``Poller`` are the
-few lines of those modules it needs, and ``prctl`` calls libc through ``_ctypes``.
+``select``, ``_signal``, ``_struct``, ``posix``: about 1 ms, where ``json``, ``socket``,
+``selectors`` and ``signal`` cost 11 ms through ``re`` and ``enum``, and ``os`` another
+0.5-0.7 ms through ``_collections_abc`` and ``posixpath``); ``Codec`` and ``Poller`` are
+the few lines of those modules it needs, ``join``, ``is_file`` and ``real_dir`` the few of
+``os.path`` that starting and running a command need (the file operations import
+``posixpath`` when first asked), and ``prctl`` calls libc through ``_ctypes``.
 
 Wire format, both directions: ``>II`` (json length, blob length), the JSON object, the
 blob. Replies are ``{"ok": true, ...}`` or ``{"ok": false, "error": {...}}``; file
@@ -26,7 +29,7 @@ sandbox's end by that status, not by its own clock (sandbox/_sandbox.py).
 import _socket as socket
 import _struct as struct
 import errno
-import os
+import posix
 import select
 import sys
 import time
@@ -66,7 +69,40 @@ LIFETIME_EXIT = 3
 #: Where the helper finds the daemon's lifeline (sandbox/_lifeline.py): the read end of a
 #: pipe that hangs up when the daemon dies.
 LIFELINE_FD = 3
-S_IFMT, S_IFIFO = 0o170000, 0o010000
+S_IFMT, S_IFIFO, S_IFREG = 0o170000, 0o010000, 0o100000
+DEVNULL = "/dev/null"
+#: Where ``which`` looks when the environment has no PATH (``os.defpath``).
+DEFPATH = "/bin:/usr/bin"
+
+
+def join(a: str, b: str) -> str:
+    """``os.path.join(a, b)``."""
+    if b.startswith("/"):
+        return b
+    return a + b if not a or a.endswith("/") else a + "/" + b
+
+
+def is_file(path: str) -> bool:
+    """``os.path.isfile(path)``."""
+    try:
+        return posix.stat(path).st_mode & S_IFMT == S_IFREG
+    except (OSError, ValueError):
+        return False
+
+
+def real_dir(path: str) -> str:
+    """``os.path.realpath(path)``, asked of the kernel when ``path`` exists (the file
+    operations check what they open the same way, see ``Helper.check_fd``)."""
+    try:
+        fd = posix.open(path, posix.O_PATH | posix.O_CLOEXEC)
+        try:
+            return posix.readlink(f"/proc/self/fd/{fd}")
+        finally:
+            posix.close(fd)
+    except (OSError, ValueError):
+        import posixpath
+
+        return posixpath.realpath(path)
 
 
 class Codec:
@@ -184,14 +220,14 @@ def warn(text: str) -> None:
     """A line on the helper's stderr: a non-blocking pipe that the daemon reads (never a
     host file); a line that does not fit is dropped rather than waited for."""
     try:
-        os.write(2, f"helper: {text}\n".encode())
+        posix.write(2, f"helper: {text}\n".encode())
     except OSError:
         pass
 
 
 def set_oom_score_adj(fd: int, value: int) -> None:
     try:
-        os.write(fd, str(value).encode())
+        posix.write(fd, str(value).encode())
     except OSError as exc:
         warn(f"oom_score_adj {value}: {exc}")
 
@@ -206,7 +242,7 @@ class Refused(Exception):
 
 
 def exit_code(status: int) -> int:
-    return os.waitstatus_to_exitcode(status)
+    return posix.waitstatus_to_exitcode(status)
 
 
 #: Every signal a child gets back at its default: Python ignores SIGPIPE and SIGXFSZ, and
@@ -257,10 +293,10 @@ def scan_marked(marker: bytes, unsure: "list[int] | None" = None) -> "list[int]"
 
     The one implementation of the marker scan: the helper runs it inside the sandbox, the
     daemon (sandbox/_backend.py) on the host, in a worker thread (it reads all of /proc)."""
-    me = os.getpid()
+    me = posix.getpid()
     found: list[int] = []
     try:
-        names = os.listdir("/proc")
+        names = posix.listdir("/proc")
     except OSError:
         return found
     for name in names:
@@ -296,7 +332,7 @@ def kill_marked(marker: bytes, rounds: int = 4) -> None:
             return
         for pid in pids:
             try:
-                os.kill(pid, signal.SIGKILL)
+                posix.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
         if unsure and not pids:
@@ -305,7 +341,7 @@ def kill_marked(marker: bytes, rounds: int = 4) -> None:
 
 def killpg(pgid: int, sig: int = signal.SIGKILL) -> None:
     try:
-        os.killpg(pgid, sig)
+        posix.killpg(pgid, sig)
     except OSError:
         pass
 
@@ -389,7 +425,7 @@ class Helper:
         self.env: dict[str, str] = dict(cfg.get("env", {}))
         self.marker_name: str = cfg.get("marker_name", "ROLLOUTD_SANDBOX")
         self.marker_value: str = cfg.get("marker_value", "")
-        self.roots = [os.path.realpath(r) for r in cfg.get("roots", [self.workdir])]
+        self.roots = [real_dir(r) for r in cfg.get("roots", [self.workdir])]
         self.cwd: str | None = None  # the workdir once the helper is in it
         self.procs: dict[int, Proc] = {}
         self.exited: dict[int, int] = {}
@@ -406,7 +442,7 @@ class Helper:
     # ----- start-up --------------------------------------------------------------------
     def start(self) -> None:
         try:  # bwrap starts us there already; local in the sandbox's dir
-            os.chdir(self.workdir)
+            posix.chdir(self.workdir)
             self.cwd = self.workdir
         except OSError:
             self.cwd = None
@@ -414,25 +450,25 @@ class Helper:
         if self.cfg.get("parent_death"):
             self.set_parent_death()
         try:
-            os.unlink(self.sock_path)
+            posix.unlink(self.sock_path)
         except FileNotFoundError:
             pass
-        old = os.umask(0o077)
+        old = posix.umask(0o077)
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(self.sock_path)
-        os.umask(old)
+        posix.umask(old)
         self.listener.listen(256)
         self.listener.setblocking(False)
         self.sel.register(self.listener, READ, ("accept", None))
-        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.wake_r, self.wake_w = posix.pipe2(posix.O_NONBLOCK | posix.O_CLOEXEC)
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
         own_signals(lambda *_: None)
         self.sel.register(self.wake_r, READ, ("wake", None))
         self.watch_lifeline()
-        os.write(1, f"READY {os.getpid()}\n".encode())
-        null = os.open(os.devnull, os.O_RDWR)
-        os.dup2(null, 1)
-        os.close(null)
+        posix.write(1, f"READY {posix.getpid()}\n".encode())
+        null = posix.open(DEVNULL, posix.O_RDWR)
+        posix.dup2(null, 1)
+        posix.close(null)
         self.protect()  # after READY (off the open's path), before any sandbox process exists
 
     def watch_lifeline(self) -> None:
@@ -444,9 +480,9 @@ class Helper:
         if fd is None:
             return
         try:
-            if os.fstat(fd).st_mode & S_IFMT != S_IFIFO:
+            if posix.fstat(fd).st_mode & S_IFMT != S_IFIFO:
                 raise OSError(errno.EBADF, "not a pipe")
-            os.set_inheritable(fd, False)
+            posix.set_inheritable(fd, False)
             self.sel.register(fd, READ, ("lifeline", None))
         except OSError as exc:
             warn(f"no lifeline on fd {fd}: {exc}")
@@ -460,15 +496,15 @@ class Helper:
         keeps (lowering it takes CAP_SYS_RESOURCE, which nothing inside has; a command may
         lower its own back to the helper's value, not below)."""
         try:  # opened first: once not dumpable, /proc/self's files are root's
-            self.oom_fd = os.open("/proc/self/oom_score_adj", os.O_RDWR | os.O_CLOEXEC)
-            self.oom = int(os.read(self.oom_fd, 16))
+            self.oom_fd = posix.open("/proc/self/oom_score_adj", posix.O_RDWR | posix.O_CLOEXEC)
+            self.oom = int(posix.read(self.oom_fd, 16))
         except (OSError, ValueError) as exc:
             warn(f"oom_score_adj: {exc}")
             self.oom_fd = None
         self.child_oom = min(1000, self.oom + CHILD_OOM_BONUS) if self.oom_fd is not None else 0
         err = prctl(PR_SET_DUMPABLE, 0)
         if err:
-            warn(f"PR_SET_DUMPABLE: {os.strerror(err)}")
+            warn(f"PR_SET_DUMPABLE: {posix.strerror(err)}")
 
     def as_parent(self, start: "Callable[P, T]", *args: "P.args", **kwargs: "P.kwargs") -> "T":
         """``start(*args, **kwargs)``, which starts a process, with the helper's
@@ -501,8 +537,8 @@ class Helper:
 
     def set_parent_death(self) -> None:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != self.cfg["parent_death"]:
-            os._exit(1)
+        if posix.getppid() != self.cfg["parent_death"]:
+            posix._exit(1)
 
     # ----- main loop -------------------------------------------------------------------
     def serve(self) -> None:
@@ -554,7 +590,7 @@ class Helper:
 
     def drain_wakeups(self) -> None:
         try:
-            while os.read(self.wake_r, 4096):
+            while posix.read(self.wake_r, 4096):
                 pass
         except (BlockingIOError, InterruptedError):
             pass
@@ -624,7 +660,7 @@ class Helper:
             pass
         finally:
             for fd in fds:
-                os.close(fd)
+                posix.close(fd)
         self.drop(conn)
 
     def drop(self, conn: Conn) -> None:
@@ -655,7 +691,7 @@ class Helper:
     def resolve_cwd(self, cwd: "str | None") -> str:
         if not cwd:
             return self.workdir
-        return cwd if os.path.isabs(cwd) else os.path.join(self.workdir, cwd)
+        return cwd if cwd.startswith("/") else join(self.workdir, cwd)
 
     def fork_exec(self, argv: "list[str]", env: "dict[str, str]", cwd: str, fd0: int, fd1: int,
                   fd2: int) -> int:
@@ -665,44 +701,44 @@ class Helper:
             # command). Python 3.11's cannot chdir, hence only in our own cwd. Like every
             # posix_spawn'd process on glibc, the child starts with glibc's two internal
             # signals (32, 33) ignored; the standard ones are at their defaults.
-            actions = [(os.POSIX_SPAWN_DUP2, fd, target)
+            actions = [(posix.POSIX_SPAWN_DUP2, fd, target)
                        for target, fd in ((0, fd0), (1, fd1), (2, fd2))]
             try:
-                return os.posix_spawn(program, argv, env, file_actions=actions, setsid=True,
+                return posix.posix_spawn(program, argv, env, file_actions=actions, setsid=True,
                                       setsigdef=RESET_SIGNALS, setsigmask=())
             except OSError as exc:
                 raise Refused("SpawnError", str(exc), exc.errno or 0) from None
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        pid = os.fork()
+        err_r, err_w = posix.pipe2(posix.O_CLOEXEC)
+        pid = posix.fork()
         if pid == 0:
             try:
-                os.close(err_r)
+                posix.close(err_r)
                 signal.set_wakeup_fd(-1)
                 restore_signals()
-                os.setsid()
+                posix.setsid()
                 for target, fd in ((0, fd0), (1, fd1), (2, fd2)):
                     if fd != target:
-                        os.dup2(fd, target)
+                        posix.dup2(fd, target)
                     else:
-                        os.set_inheritable(fd, True)
-                os.chdir(cwd)
-                os.execve(program, argv, env)
+                        posix.set_inheritable(fd, True)
+                posix.chdir(cwd)
+                posix.execve(program, argv, env)
             except BaseException as exc:
                 code = getattr(exc, "errno", 0) or 0
                 try:
-                    os.write(err_w, f"{code}:{exc}".encode())
+                    posix.write(err_w, f"{code}:{exc}".encode())
                 finally:
-                    os._exit(127)
-        os.close(err_w)
+                    posix._exit(127)
+        posix.close(err_w)
         try:
             failure = b""
-            while chunk := os.read(err_r, 4096):  # EOF once the exec succeeded (CLOEXEC)
+            while chunk := posix.read(err_r, 4096):  # EOF once the exec succeeded (CLOEXEC)
                 failure += chunk
         finally:
-            os.close(err_r)
+            posix.close(err_r)
         if failure:
             try:
-                os.waitpid(pid, 0)
+                posix.waitpid(pid, 0)
             except ChildProcessError:
                 pass
             code, _, text = failure.decode(errors="replace").partition(":")
@@ -712,26 +748,26 @@ class Helper:
     def spawn_pipes(self, argv: "list[str]", env: "dict[str, str]", cwd: str, stdin_null: bool = False,
                     merge: bool = False) -> "tuple[Proc, int | None, int, int | None]":
         if stdin_null:
-            in_r, in_w = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), None
+            in_r, in_w = posix.open(DEVNULL, posix.O_RDONLY | posix.O_CLOEXEC), None
         else:
-            in_r, in_w = os.pipe2(os.O_CLOEXEC)
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        err_r, err_w = (None, out_w) if merge else os.pipe2(os.O_CLOEXEC)
+            in_r, in_w = posix.pipe2(posix.O_CLOEXEC)
+        out_r, out_w = posix.pipe2(posix.O_CLOEXEC)
+        err_r, err_w = (None, out_w) if merge else posix.pipe2(posix.O_CLOEXEC)
         try:
             pid = self.as_parent(self.fork_exec, argv, env, cwd, in_r, out_w, err_w)
         except BaseException:
             for fd in {in_r, in_w, out_r, out_w, err_r, err_w}:
                 if fd is not None:
-                    os.close(fd)
+                    posix.close(fd)
             raise
         for fd in {in_r, out_w, err_w}:
-            os.close(fd)
+            posix.close(fd)
         proc = Proc(pid)
         self.procs[pid] = proc
         return proc, in_w, out_r, err_r
 
     def op_ping(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
-        return {"pid": os.getpid(), "python": sys.version.split()[0]}, b"", ()
+        return {"pid": posix.getpid(), "python": sys.version.split()[0]}, b"", ()
 
     def op_setenv(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
         """Change the environment every later process starts with (an activated env)."""
@@ -762,7 +798,7 @@ class Helper:
                 raise Refused("SpawnError", str(exc), exc.errno or 0) from None
             proc = Proc(pty.pid, pty)
             self.procs[pty.pid] = proc
-            return {"pid": pty.pid}, b"", (os.dup(pty.fd),)
+            return {"pid": pty.pid}, b"", (posix.dup(pty.fd),)
         proc, in_w, out_r, _ = self.spawn_pipes(argv, env, cwd, merge=True)  # stderr -> stdout
         assert in_w is not None  # stdin is a pipe: not stdin_null
         return {"pid": proc.pid}, b"", (in_w, out_r)
@@ -777,7 +813,7 @@ class Helper:
             lsock.bind(("127.0.0.1", int(req.get("port") or 0)))
             lsock.listen(128)
             port = lsock.getsockname()[1]
-            fd = os.dup(lsock.fileno())
+            fd = posix.dup(lsock.fileno())
         finally:
             lsock.close()
         return {"port": port}, b"", (fd,)
@@ -804,18 +840,18 @@ class Helper:
         if pid <= 0 or not self.is_ours(pid):
             raise Refused("NoSuchProcess", f"pid {pid} is not a process of this sandbox", errno.ESRCH)
         if not group:
-            os.kill(pid, sig)
+            posix.kill(pid, sig)
             return {}, b"", ()
         proc = self.procs.get(pid)
         pgids = set()
         try:
-            pgids.add(os.getpgid(pid))
+            pgids.add(posix.getpgid(pid))
         except ProcessLookupError:
             if proc is not None:
                 pgids.add(proc.pgid)
         if proc is not None and proc.pty is not None:
             try:
-                pgids.add(os.tcgetpgrp(proc.pty.fd))
+                pgids.add(posix.tcgetpgrp(proc.pty.fd))
             except OSError:
                 pass
         for pgid in pgids:
@@ -828,16 +864,16 @@ class Helper:
         if not argv:
             raise Refused("BadRequest", "empty argv")
         self.run_seq += 1
-        marker = f"ROLLOUTD_RUN={os.getpid()}.{self.run_seq}"
+        marker = f"ROLLOUTD_RUN={posix.getpid()}.{self.run_seq}"
         env = self.child_env(req.get("env"), marker)
         cwd = self.resolve_cwd(req.get("cwd"))
         has_stdin = bool(req.get("stdin"))
         proc, in_w, out_r, err_r = self.spawn_pipes(argv, env, cwd, stdin_null=not has_stdin)
         assert err_r is not None  # a pipe of its own: not merge
         for fd in (out_r, err_r):
-            os.set_blocking(fd, False)
+            posix.set_blocking(fd, False)
         if in_w is not None:
-            os.set_blocking(in_w, False)
+            posix.set_blocking(in_w, False)
         deadline = time.monotonic() + float(req["timeout_s"])
         run = Run(conn, proc, marker.encode(), out_r, err_r, in_w, blob, deadline,
                   int(req.get("max_output_bytes", 1_000_000)))
@@ -850,14 +886,14 @@ class Helper:
             if blob:
                 self.sel.register(in_w, WRITE, ("stdin", run))
             else:
-                os.close(in_w)
+                posix.close(in_w)
                 run.stdin_fd = None
         return None
 
     def on_stdin(self, run: Run) -> None:
         assert run.stdin_fd is not None  # registered only while open (close_stdin)
         try:
-            n = os.write(run.stdin_fd, run.stdin_data[:CHUNK])
+            n = posix.write(run.stdin_fd, run.stdin_data[:CHUNK])
             run.stdin_data = run.stdin_data[n:]
         except (BlockingIOError, InterruptedError):
             return
@@ -872,12 +908,12 @@ class Helper:
                 self.sel.unregister(run.stdin_fd)
             except (KeyError, ValueError):
                 pass
-            os.close(run.stdin_fd)
+            posix.close(run.stdin_fd)
             run.stdin_fd = None
 
     def on_pipe(self, run: Run, fd: int) -> None:
         try:
-            data = os.read(fd, CHUNK)
+            data = posix.read(fd, CHUNK)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -886,7 +922,7 @@ class Helper:
             run.fds[fd].feed(data)
             return
         self.sel.unregister(fd)
-        os.close(fd)
+        posix.close(fd)
         run.fds[fd].closed = True
 
     def run_pipes_open(self, run: Run) -> "list[int]":
@@ -917,7 +953,7 @@ class Helper:
         self.runs.remove(run)
         for fd in self.run_pipes_open(run):
             self.sel.unregister(fd)
-            os.close(fd)
+            posix.close(fd)
         self.close_stdin(run)
         out, err = run.fds[run.out], run.fds[run.err]
         stdout, stderr = out.value(), err.value()
@@ -940,7 +976,7 @@ class Helper:
     def reap(self) -> None:
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status = posix.waitpid(-1, posix.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
@@ -976,44 +1012,50 @@ class Helper:
         for proc in list(self.procs.values()):
             killpg(proc.pgid)
             try:
-                os.kill(proc.pid, signal.SIGKILL)
+                posix.kill(proc.pid, signal.SIGKILL)
             except OSError:
                 pass
         kill_marked((f"{self.marker_name}={self.marker_value}").encode())
 
     # ----- files -----------------------------------------------------------------------
     def absolute(self, path: object) -> str:
+        import posixpath  # os.path: imported at the first file operation
+
         if not isinstance(path, str) or not path or "\0" in path:
             raise Refused("BadRequest", f"invalid path {path!r}")
-        return os.path.normpath(path if os.path.isabs(path) else os.path.join(self.workdir, path))
+        return posixpath.normpath(path if path.startswith("/") else join(self.workdir, path))
 
     def within(self, real: str) -> bool:
         return any(real == root or real.startswith(root.rstrip("/") + "/") for root in self.roots)
 
     def resolve(self, path: object) -> str:
         """The real path of ``path``, which must stay within the roots."""
-        real = os.path.realpath(self.absolute(path))
+        import posixpath  # os.path: imported at the first file operation
+
+        real = posixpath.realpath(self.absolute(path))
         if not self.within(real):
             raise Refused("PathEscape", "{} resolves to {}, outside {}".format(path, real, ", ".join(self.roots)), errno.EACCES)
         return real
 
     def check_fd(self, fd: int, path: object) -> int:
-        real = os.readlink(f"/proc/self/fd/{fd}")
+        real = posix.readlink(f"/proc/self/fd/{fd}")
         if not self.within(real):
-            os.close(fd)
+            posix.close(fd)
             raise Refused("PathEscape", f"{path} moved outside the sandbox roots", errno.EACCES)
         return fd
 
     def open_dir(self, real: str, path: object) -> int:
-        fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = posix.open(real, posix.O_RDONLY | posix.O_DIRECTORY | posix.O_NOFOLLOW | posix.O_CLOEXEC)
         return self.check_fd(fd, path)
 
     def parent_fd(self, path: object, follow_last: bool) -> "tuple[int, str]":
         """(dir fd, final name) for ``path``: the parent is resolved and checked."""
+        import posixpath  # os.path: imported at the first file operation
+
         ab = self.absolute(path)
         if follow_last:
             ab = self.resolve(path)
-        parent, name = os.path.split(ab)
+        parent, name = posixpath.split(ab)
         if not name or name in (".", ".."):
             raise Refused("BadRequest", f"{path} names no file", errno.EINVAL)
         real_parent = self.resolve(parent)
@@ -1022,10 +1064,10 @@ class Helper:
     def op_read_file(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
         path = req["path"]
         real = self.resolve(path)
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = posix.open(real, posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_CLOEXEC | posix.O_NONBLOCK)
         self.check_fd(fd, path)
         try:
-            st = os.fstat(fd)
+            st = posix.fstat(fd)
             if not (st.st_mode & 0o170000 == 0o100000):
                 raise OSError(errno.EISDIR if st.st_mode & 0o040000 else errno.EINVAL,
                               f"not a regular file: {path}")
@@ -1033,13 +1075,13 @@ class Helper:
             limit = st.st_size if limit is None else min(int(limit), st.st_size)
             chunks, got = [], 0
             while got < limit:
-                data = os.read(fd, min(limit - got, 1 << 20))
+                data = posix.read(fd, min(limit - got, 1 << 20))
                 if not data:
                     break
                 chunks.append(data)
                 got += len(data)
         finally:
-            os.close(fd)
+            posix.close(fd)
         return {"size": st.st_size}, b"".join(chunks), ()
 
     def op_write_file(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
@@ -1049,19 +1091,19 @@ class Helper:
             # No O_TRUNC: write over the old bytes, then cut the file to the new length.
             # ext4 treats truncate-to-zero followed by a rewrite as a "replace" and flushes
             # it (auto_da_alloc), which costs milliseconds per edit.
-            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(name, flags, 0o644 if mode is None else int(mode), dir_fd=dfd)
+            flags = posix.O_WRONLY | posix.O_CREAT | posix.O_NOFOLLOW | posix.O_CLOEXEC
+            fd = posix.open(name, flags, 0o644 if mode is None else int(mode), dir_fd=dfd)
             try:
                 view = memoryview(blob)
                 while view:
-                    view = view[os.write(fd, view) :]
-                os.ftruncate(fd, len(blob))
+                    view = view[posix.write(fd, view) :]
+                posix.ftruncate(fd, len(blob))
                 if mode is not None:
-                    os.fchmod(fd, int(mode))
+                    posix.fchmod(fd, int(mode))
             finally:
-                os.close(fd)
+                posix.close(fd)
         finally:
-            os.close(dfd)
+            posix.close(dfd)
         return {}, b"", ()
 
     def op_list_dir(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
@@ -1069,7 +1111,7 @@ class Helper:
         fd = self.open_dir(self.resolve(path), path)
         entries: list[Message] = []
         try:
-            with os.scandir(fd) as it:
+            with posix.scandir(fd) as it:
                 for entry in it:
                     try:
                         st = entry.stat(follow_symlinks=False)
@@ -1079,7 +1121,7 @@ class Helper:
                                     "size": st.st_size, "mode": st.st_mode & 0o7777,
                                     "mtime": st.st_mtime})
         finally:
-            os.close(fd)
+            posix.close(fd)
         entries.sort(key=lambda e: e["name"])
         return {"entries": entries}, b"", ()
 
@@ -1087,22 +1129,24 @@ class Helper:
         path = req["path"]
         real = self.resolve(path)
         try:
-            st = os.stat(real, follow_symlinks=False)
+            st = posix.stat(real, follow_symlinks=False)
         except FileNotFoundError:
             return {"stat": None}, b"", ()
         return {"stat": {"path": real, "type": file_type(st.st_mode), "size": st.st_size,
                          "mode": st.st_mode & 0o7777, "mtime": st.st_mtime}}, b"", ()
 
     def op_mkdir(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
+        import posixpath  # os.path: imported at the first file operation
+
         path = req["path"]
         real = self.resolve(path)
         parts = []
         base = real
-        while not os.path.lexists(base):
-            base, name = os.path.split(base)
+        while not posixpath.lexists(base):
+            base, name = posixpath.split(base)
             parts.append(name)
         if not parts:
-            if os.path.isdir(real):
+            if posixpath.isdir(real):
                 return {}, b"", ()
             raise OSError(errno.EEXIST, f"exists and is not a directory: {path}")
         if len(parts) > 1 and not req.get("parents", True):
@@ -1111,36 +1155,37 @@ class Helper:
         try:
             for name in reversed(parts):
                 try:
-                    os.mkdir(name, 0o755, dir_fd=fd)
+                    posix.mkdir(name, 0o755, dir_fd=fd)
                 except FileExistsError:
                     pass
-                nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                nfd = posix.open(name, posix.O_RDONLY | posix.O_DIRECTORY | posix.O_NOFOLLOW | posix.O_CLOEXEC,
                               dir_fd=fd)
-                os.close(fd)
+                posix.close(fd)
                 fd = self.check_fd(nfd, path)
         finally:
-            os.close(fd)
+            posix.close(fd)
         return {}, b"", ()
 
     def op_remove(self, conn: Conn, req: "Message", blob: bytes) -> "Reply | None":
         path = req["path"]
         dfd, name = self.parent_fd(path, follow_last=False)
         try:
-            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            st = posix.stat(name, dir_fd=dfd, follow_symlinks=False)
             if st.st_mode & 0o170000 == 0o040000:
                 import shutil
 
                 shutil.rmtree(name, dir_fd=dfd)
             else:
-                os.unlink(name, dir_fd=dfd)
+                posix.unlink(name, dir_fd=dfd)
         finally:
-            os.close(dfd)
+            posix.close(dfd)
         return {}, b"", ()
 
 
 def same_dir(a: str, b: str) -> bool:
     try:
-        return os.path.samestat(os.stat(a), os.stat(b))
+        sa, sb = posix.stat(a), posix.stat(b)
+        return sa.st_ino == sb.st_ino and sa.st_dev == sb.st_dev
     except OSError:
         return False
 
@@ -1151,14 +1196,14 @@ def which(name: str, path: "str | None", cwd: str) -> str:
     slash is taken as it is (relative to ``cwd``); one not found raises ENOENT, one
     found but not executable EACCES, as execvp does."""
     if "/" in name:
-        return name if os.path.isabs(name) else os.path.join(cwd, name)
+        return name if name.startswith("/") else join(cwd, name)
     denied = False
-    for folder in (path if path is not None else os.defpath).split(os.pathsep):
-        candidate = os.path.join(folder or ".", name)
-        if not os.path.isabs(candidate):
-            candidate = os.path.join(cwd, candidate)
-        if os.path.isfile(candidate):
-            if os.access(candidate, os.X_OK):
+    for folder in (path if path is not None else DEFPATH).split(":"):
+        candidate = join(folder or ".", name)
+        if not candidate.startswith("/"):
+            candidate = join(cwd, candidate)
+        if is_file(candidate):
+            if posix.access(candidate, posix.X_OK):
                 return candidate
             denied = True
     if denied:
@@ -1180,13 +1225,13 @@ def file_type(mode: int) -> str:
 def main() -> None:
     # stdin is the launcher's pipe, or closed (bwrap closes the fd it read its options
     # from): /dev/null there before any fd is made, or the next one would be fd 0.
-    null = os.open(os.devnull, os.O_RDONLY)
+    null = posix.open(DEVNULL, posix.O_RDONLY)
     if null != 0:
-        os.dup2(null, 0)
-        os.close(null)
+        posix.dup2(null, 0)
+        posix.close(null)
     with open(sys.argv[1], "rb") as f:  # written by the daemon just before the start
         cfg = json.loads(f.read())
-    os.unlink(sys.argv[1])
+    posix.unlink(sys.argv[1])
     for path in cfg.get("sys_path", []):
         sys.path.insert(0, path)
     helper = Helper(cfg)
@@ -1195,7 +1240,7 @@ def main() -> None:
         helper.serve()
     finally:
         try:
-            os.unlink(helper.sock_path)
+            posix.unlink(helper.sock_path)
         except OSError:
             pass
     raise SystemExit(helper.exit_status)
