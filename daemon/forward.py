@@ -49,6 +49,12 @@ SWEEP_MAX = 16
 SWEEP_RATE = 20.0
 #: A lookup or cancel relayed to a peer: a partitioned peer answers 503 rather than hang.
 LOOKUP_TIMEOUT = httpx.Timeout(connect=3.0, read=10.0, write=10.0, pool=10.0)
+#: Connections to peers outlive the gap between two bursts: a trainer's batches come a
+#: training step apart, often more than httpx's default 5 s of idling, and each new
+#: connection costs the front and the peer a TCP handshake and a new HTTP connection. Kept
+#: 60 s (a peer's server keeps them 75 s, so this side closes first), up to 64 of them; 100
+#: at once as httpx's default (a relayed stream holds one while it runs).
+POOL = httpx.Limits(max_connections=100, max_keepalive_connections=64, keepalive_expiry=60.0)
 
 
 class PeerUnavailable(DaemonError):
@@ -83,7 +89,8 @@ class Forwarder:
         self.forwarded_total = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with httpx.AsyncClient(timeout=TIMEOUT, headers=forward_headers(self.token)) as http:
+        async with httpx.AsyncClient(timeout=TIMEOUT, limits=POOL,
+                                     headers=forward_headers(self.token)) as http:
             self._http = http
             task_status.started()
             try:
