@@ -195,6 +195,7 @@ class Node:
             "waiting": self.pipeline.waiting,
             "healthy_backends": healthy,
             "draining": self.draining,
+            "slots": self.pipeline.slots,
         }
 
     def metrics_text(self) -> tuple[bytes, str]:

@@ -177,11 +177,14 @@ class Pipeline:
             },
         }
 
+    @property
+    def slots(self) -> int:
+        """Its workers: INIT, RUN and EVAL together."""
+        return self.settings.n_init + self.settings.n_run + self.settings.n_eval
+
     def free_capacity(self) -> int:
         """Jobs that could start work now without queueing behind others."""
-        busy = len(self._live)
-        total = self.settings.n_init + self.settings.n_run + self.settings.n_eval
-        return max(0, total - busy) if not self.intake.closed else 0
+        return max(0, self.slots - len(self._live)) if not self.intake.closed else 0
 
     def stop_intake(self) -> None:
         self.intake.close()

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._wire import Capacity, MemberRecord, empty_capacity
+from ._wire import Capacity, MemberRecord, empty_capacity, headroom
 
 
 class MemberState(enum.Enum):
@@ -80,9 +80,9 @@ class Member:
 
     @property
     def headroom(self) -> int:
-        """Free slots minus queued minus what we forwarded since its last report."""
-        c = self.capacity
-        return c["free_slots"] - c["queued"] - self.pending
+        """Its reported headroom (see ``headroom`` in _wire.py) minus what we forwarded
+        since its last report."""
+        return headroom(self.capacity) - self.pending
 
     @property
     def accepts_work(self) -> bool:

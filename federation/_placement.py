@@ -6,14 +6,15 @@ import random
 from collections.abc import Sequence
 
 from ._member import Member
-from ._wire import Capacity
+from ._wire import Capacity, headroom
 
 
 def local_headroom(local: Capacity) -> int | None:
-    """Free slots minus queued here; None when this node takes no work (draining, no backend)."""
+    """This node's headroom (see ``headroom`` in _wire.py); None when it takes no work
+    (draining, no backend)."""
     if local["draining"] or local["healthy_backends"] <= 0:
         return None
-    return local["free_slots"] - local["queued"]
+    return headroom(local)
 
 
 class Placement:
@@ -21,8 +22,8 @@ class Placement:
 
     1. A node with room (headroom > 0) runs the rollout itself: no extra hop.
     2. Otherwise it samples two peers that accept work (power of two choices) and takes
-       the one with more headroom (free slots - queued - rollouts we sent it since its
-       last report).
+       the one with more headroom (its workers - the rollouts it holds - rollouts we sent
+       it since its last report).
     3. It forwards when that peer has at least as much headroom as this node, so a full
        cluster queues evenly. Ties go to the peer: this node sees its own slots free up at
        once but a peer's only at its next report, so keeping ties here made the front the

@@ -6,7 +6,7 @@ import hmac
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, TypedDict, TypeGuard
+from typing import Any, Final, NotRequired, TypedDict, TypeGuard
 
 from ._exceptions import GossipPayloadError
 
@@ -39,9 +39,22 @@ class Capacity(TypedDict):
     free_slots: int  # rollouts it can start now without queueing
     queued: int  # accepted, waiting for a worker
     waiting: int  # through INIT, waiting for a RUN worker (work stealing may move these too)
-    in_flight: int  # running now
+    in_flight: int  # accepted and not finished: queued, waiting and at work
     healthy_backends: int  # LLM backends that pass their health check
     draining: bool  # shutting down: takes no new work
+    slots: NotRequired[int]  # its workers, INIT + RUN + EVAL (0 or absent: an older member)
+
+
+def headroom(capacity: Capacity) -> int:
+    """How many more rollouts a node can take before one of them waits for a worker: its
+    workers minus every rollout it holds, negative when it holds more (the rollouts a full
+    node holds past its queue, in INIT or waiting between stages, count too: a node whose
+    workers run ahead holds more than its queue shows). From a member that does not report
+    its workers (an older version), free slots minus queued."""
+    slots = capacity.get("slots", 0)
+    if slots > 0:
+        return slots - capacity["in_flight"]
+    return capacity["free_slots"] - capacity["queued"]
 
 
 class MemberRecord(TypedDict):
@@ -73,9 +86,12 @@ def check_capacity(value: Any, *, what: str = "capacity") -> Capacity:
         if not _is_int(v) or v < 0:
             raise GossipPayloadError(f"{what}.{key} must be a non-negative integer, got {v!r}")
         ints[key] = v
-    waiting = value.get("waiting", 0)  # absent from a member older than the field
-    if not _is_int(waiting) or waiting < 0:
-        raise GossipPayloadError(f"{what}.waiting must be a non-negative integer, got {waiting!r}")
+    optional = {}
+    for key in ("waiting", "slots"):  # absent from a member older than the field
+        v = value.get(key, 0)
+        if not _is_int(v) or v < 0:
+            raise GossipPayloadError(f"{what}.{key} must be a non-negative integer, got {v!r}")
+        optional[key] = v
     draining = value.get("draining")
     if not isinstance(draining, bool):
         raise GossipPayloadError(f"{what}.draining must be a boolean, got {draining!r}")
@@ -83,9 +99,10 @@ def check_capacity(value: Any, *, what: str = "capacity") -> Capacity:
         free_slots=ints["free_slots"],
         queued=ints["queued"],
         in_flight=ints["in_flight"],
-        waiting=waiting,
+        waiting=optional["waiting"],
         healthy_backends=ints["healthy_backends"],
         draining=draining,
+        slots=optional["slots"],
     )
 
 

@@ -38,6 +38,7 @@ class Cap:
     waiting: int = 0
     healthy_backends: int = 1
     draining: bool = False
+    slots: int = 0  # 0: not reported (a member older than the field)
 
     def __call__(self) -> Capacity:
         return Capacity(
@@ -47,6 +48,7 @@ class Cap:
             waiting=self.waiting,
             healthy_backends=self.healthy_backends,
             draining=self.draining,
+            slots=self.slots,
         )
 
 

@@ -52,6 +52,25 @@ def test_full_cluster_forwards_ties_and_shorter_queues_and_keeps_longer_ones():
     assert p.choose(local, [peer("b", 0, queued=2)]).node_id == "b"
 
 
+def test_headroom_counts_every_rollout_a_full_node_holds():
+    """A full node holds rollouts past its queue too: in INIT, waiting between stages. Two
+    peers with the same queue are not equally loaded when one holds more; free slots minus
+    queued (what an older member reports) cannot tell them apart."""
+    def full(name: str, holds: int, *, slots: int = 7) -> Member:
+        m = Member(node_id=name, url=f"http://{name}:1")
+        m.capacity = Cap(free_slots=0, queued=2, in_flight=holds, slots=slots)()
+        return m
+
+    p = Placement(rng=random.Random(6))
+    assert full("b", 12).headroom == -5 and full("c", 9).headroom == -2
+    assert all(p.choose(Cap(free_slots=0, queued=2, in_flight=10, slots=7)(),
+                        [full("b", 12), full("c", 9)]).node_id == "c" for _ in range(20))
+    # the front holds less than the emptier peer: it keeps the rollout
+    assert p.choose(Cap(free_slots=0, queued=2, in_flight=8, slots=7)(), [full("c", 9)]) is None
+    # an older member (no slots): free slots minus queued, as before
+    assert full("d", 12, slots=0).headroom == -2
+
+
 def test_peers_that_take_no_work_are_never_chosen():
     p = Placement(rng=random.Random(4))
     peers = [

@@ -127,3 +127,15 @@ async def test_capacity_without_waiting_counts_none_waiting():
     fed.handle_gossip({"members": [record(heartbeat=3, capacity=Cap(waiting=3)())]})
     member = fed.member("b")
     assert member is not None and member.capacity["waiting"] == 3
+
+
+async def test_capacity_without_slots_is_an_older_member_and_bad_slots_are_refused():
+    """``slots`` (a node's workers, which headroom counts against) came after the others."""
+    fed = Federation("a", "http://a:1", capacity=Cap())
+    old = {k: v for k, v in Cap(slots=7)().items() if k != "slots"}
+    fed.handle_gossip({"members": [record(capacity=old)]})
+    member = fed.member("b")
+    assert member is not None and member.capacity["slots"] == 0
+    for bad in (-1, 1.5, "7", True):
+        with pytest.raises(GossipPayloadError, match="slots"):
+            fed.handle_gossip({"members": [record(heartbeat=4, capacity={**Cap()(), "slots": bad})]})
