@@ -75,6 +75,24 @@ class PeerAnswer:
     raw: bytes | None = None  # the peer's JSON body as it came, when ``body`` is it parsed
 
 
+@dataclass(frozen=True, slots=True)
+class PeerTrajectory:
+    """A forwarded rollout's trajectory as the peer that holds it answered a lookup (or the
+    ``lost`` record this front decided): ``body`` parsed, for its status; ``text`` as it came,
+    for relaying without serializing it again."""
+
+    body: dict[str, Any]
+    text: str
+
+    @property
+    def terminal(self) -> bool:
+        return Status(self.body["status"]).terminal
+
+    @classmethod
+    def of(cls, trajectory: Trajectory) -> PeerTrajectory:
+        return cls(trajectory.model_dump(mode="json"), trajectory.model_dump_json())
+
+
 class Forwarder:
     def __init__(self, federation: Federation, token: str | None, *, max_known: int = 100_000) -> None:
         self.federation = federation
@@ -242,9 +260,9 @@ class Forwarder:
     def knows(self, job_id: str) -> bool:
         return job_id in self._where or job_id in self._lost
 
-    async def get(self, job_id: str) -> dict[str, Any]:
+    async def get(self, job_id: str) -> PeerTrajectory:
         if job_id in self._lost:
-            return self._lost[job_id].model_dump(mode="json")
+            return PeerTrajectory.of(self._lost[job_id])
         member = self._member_of(job_id)
         try:
             resp = await self._client().get(f"{member.url}/v1/rollouts/{job_id}", timeout=LOOKUP_TIMEOUT)
@@ -253,13 +271,13 @@ class Forwarder:
         if job_id in self._lost:
             # Declared lost while the answer was on its way (a partition that healed): the
             # first terminal answer stands, and a peer's late result is not it.
-            return self._lost[job_id].model_dump(mode="json")
+            return PeerTrajectory.of(self._lost[job_id])
         if resp.status_code == 404 and job_id in self.live:
             # The peer answers (it is up) and does not know the rollout: it never took it.
             self.live.fail(job_id)
             self.lose(job_id, member.node_id, f"peer {member.node_id} does not know this rollout: "
                        "the forwarded request never reached it (it was not re-run elsewhere)")
-            return self._lost[job_id].model_dump(mode="json")
+            return PeerTrajectory.of(self._lost[job_id])
         try:
             data: dict[str, Any] = resp.json()
         except ValueError:
@@ -269,9 +287,10 @@ class Forwarder:
             # rollout it no longer holds) is no trajectory: the client hears a 503 and asks again.
             raise PeerUnavailable(f"{member.node_id} holds {job_id} and answered {resp.status_code}: "
                                   f"{_error_message(data)}")
-        if Status(data["status"]).terminal:
+        found = PeerTrajectory(data, resp.text)
+        if found.terminal:
             self.live.discard(job_id)
-        return data
+        return found
 
     async def cancel(self, job_id: str) -> PeerAnswer:
         if job_id in self._lost:
@@ -330,13 +349,13 @@ class Forwarder:
                     if job_id not in todo:  # the stream delivered it meanwhile
                         continue
                     try:
-                        data = await self.get(job_id)
+                        found = await self.get(job_id)
                     except PeerUnavailable:
                         continue
-                    if Status(data["status"]).terminal and job_id in todo:
+                    if found.terminal and job_id in todo:
                         todo.remove(job_id)
                         try:
-                            send.send_nowait(json.dumps(data))
+                            send.send_nowait(found.text)
                         except (trio.BrokenResourceError, trio.ClosedResourceError):
                             gone = True
                             break

@@ -9,7 +9,6 @@ the API layer shapes the answers and maps errors (``rolloutd.daemon.errors``) to
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import aclosing
@@ -20,7 +19,7 @@ import trio
 
 from rolloutd.daemon.batch import Batch, BatchRequest
 from rolloutd.daemon.errors import BadRequest, NotFound, ServiceUnavailable
-from rolloutd.daemon.forward import Forwarder, PeerAnswer, PeerUnavailable
+from rolloutd.daemon.forward import Forwarder, PeerAnswer, PeerTrajectory, PeerUnavailable
 from rolloutd.daemon.jobs import Job, RolloutFilter
 from rolloutd.daemon.journal import Journal, JournalError
 from rolloutd.daemon.sampling import Sampler
@@ -166,8 +165,8 @@ class Front:
         if job is not None and (job.moved_to is None or job.done.is_set()):
             return job.trajectory.model_dump_json()
         if self.forwarder is not None and self.forwarder.knows(job_id):
-            data: dict[str, Any] = await self._from_peer(self.forwarder.get(job_id))
-            return json.dumps(data)
+            looked_up: PeerTrajectory = await self._from_peer(self.forwarder.get(job_id))
+            return looked_up.text
         found = await self.find(job_id)
         traj = found.trajectory if isinstance(found, Job) else found
         return traj.model_dump_json()
@@ -224,7 +223,7 @@ class Front:
             if node_id is not None:
                 remote.setdefault(node_id, []).append(job_id)
             elif self.forwarder is not None and self.forwarder.knows(job_id):
-                old.append(json.dumps(await self.forwarder.get(job_id)))
+                old.append((await self.forwarder.get(job_id)).text)
             else:
                 found = await self.find(job_id)
                 if isinstance(found, Job):

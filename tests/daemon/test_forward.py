@@ -19,7 +19,7 @@ class Peer:
 
     - ``"hang"``: takes the connection and the request, never answers (a partition);
     - ``"slam"``: closes every connection as soon as the request arrived (a crash);
-    - ``"answer"``: answers each request with ``status`` and ``body``.
+    - ``"answer"``: answers each request with ``status`` and ``body`` (bytes: sent as they are).
     """
 
     def __init__(self, mode: str, status: int = 200, body: object = None) -> None:
@@ -51,7 +51,7 @@ class Peer:
             if self.mode == "answer":
                 if self.gate is not None:
                     await self.gate.wait()
-                payload = json.dumps(self.body).encode()
+                payload = self.body if isinstance(self.body, bytes) else json.dumps(self.body).encode()
                 head = (f"HTTP/1.1 {self.status} X\r\ncontent-type: application/json\r\n"
                         f"content-length: {len(payload)}\r\nconnection: close\r\n\r\n")
                 await stream.send_all(head.encode() + payload)
@@ -134,7 +134,7 @@ async def test_a_peer_that_dies_after_taking_the_request_loses_it_not_the_front(
     ids_line = next(line for line in first.splitlines() if line.startswith("x-rolloutd-ids"))
     assert ids_line in second
     for r in rollouts:  # and they answer so afterwards
-        assert (await fwd.get(r["id"]))["error"]["type"] == "peer_lost"
+        assert (await fwd.get(r["id"])).body["error"]["type"] == "peer_lost"
 
 
 async def test_a_partitioned_peer_declared_dead_ends_an_open_wait_as_peer_lost(nursery):
@@ -174,7 +174,7 @@ async def test_a_peer_that_does_not_know_a_forwarded_id_never_got_it(nursery):
     assert answer.status == 202
     [job_id, _] = fwd.live.jobs_on("peer")
     peer.status, peer.body = 404, {"error": {"type": "not_found", "message": "no rollout"}}
-    data = await fwd.get(job_id)
+    data = (await fwd.get(job_id)).body
     assert data["status"] == "failed" and data["error"]["type"] == "peer_lost"
     assert job_id not in fwd.live
 
@@ -189,7 +189,7 @@ async def test_a_peer_answer_that_arrives_after_the_peer_was_declared_dead_does_
     answers = []
 
     async def look() -> None:
-        answers.append(await fwd.get(job_id))
+        answers.append((await fwd.get(job_id)).body)
 
     nursery.start_soon(look)
     with trio.fail_after(5):
@@ -203,7 +203,7 @@ async def test_a_peer_answer_that_arrives_after_the_peer_was_declared_dead_does_
         while not answers:
             await trio.sleep(0.01)
     assert answers[0]["status"] == "failed" and answers[0]["error"]["type"] == "peer_lost"
-    assert (await fwd.get(job_id))["error"]["type"] == "peer_lost"
+    assert (await fwd.get(job_id)).body["error"]["type"] == "peer_lost"
 
 
 async def test_a_result_the_peers_stream_never_delivers_still_arrives_by_lookup(nursery):
@@ -220,15 +220,19 @@ async def test_a_result_the_peers_stream_never_delivers_still_arrives_by_lookup(
     async def consume() -> None:
         async with recv:
             async for line in recv:
-                lines.append(json.loads(line))
+                lines.append(line)
 
-    peer.status, peer.body = 200, {"id": ids[0], "status": "completed"}  # every lookup's answer
+    # every lookup's answer (compact, UTF-8): relayed as it came, not parsed and serialized again
+    text = json.dumps({"id": ids[0], "status": "completed", "note": "\u00e9"}, separators=(",", ":"),
+                      ensure_ascii=False)
+    peer.status, peer.body = 200, text.encode()
     nursery.start_soon(fwd.relay, "peer", ids[:1], send)
     nursery.start_soon(consume)
     with trio.fail_after(forward.SWEEP_S + 5):
         while not lines:
             await trio.sleep(0.05)
-    assert lines == [{"id": ids[0], "status": "completed"}]
+    assert lines == [text]
+    assert ids[0] not in fwd.live  # a terminal answer: the peer no longer holds it for us
 
 
 async def test_a_forwarded_wait_s_answer_is_relayed_as_the_peer_sent_it(nursery):
@@ -314,7 +318,7 @@ async def test_an_error_answer_of_the_peer_is_unavailable_never_a_trajectory(nur
         await fwd.get(job_id)
     assert job_id in fwd.live  # still the peer's: nothing was decided
     peer.status, peer.body = 200, {"id": job_id, "status": "completed"}
-    assert (await fwd.get(job_id))["status"] == "completed"
+    assert (await fwd.get(job_id)).body["status"] == "completed"
     assert job_id not in fwd.live
 
 
