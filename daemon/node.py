@@ -196,6 +196,7 @@ class Node:
             "healthy_backends": healthy,
             "draining": self.draining,
             "slots": self.pipeline.slots,
+            "rate": round(self.pipeline.throughput.rate, 4),
         }
 
     def metrics_text(self) -> tuple[bytes, str]:

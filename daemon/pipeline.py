@@ -26,6 +26,7 @@ import trio
 from rolloutd.daemon.errors import DaemonError
 from rolloutd.daemon.jobs import Job, JobQueue, QueueClosed, StageStats
 from rolloutd.daemon.tasks.base import EvalContext, TaskFailure
+from rolloutd.daemon.throughput import Throughput
 from rolloutd.daemon.trajectory import ErrorInfo, Stage, Status
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ class Pipeline:
         self._nursery: trio.Nursery | None = None  # run()'s, while it runs
         self._idle = trio.Event()
         self._idle.set()
+        self.throughput = Throughput()  # its rate while full, for federation placement
 
     # ---- public API -------------------------------------------------------------------
 
@@ -118,6 +120,7 @@ class Pipeline:
         for job in jobs + initialized:
             self._live.discard(job)
             self._away.add(job)
+        self._held_changed()
         for job in initialized:
             await self._release(job)
             job.set_stage(Status.queued)
@@ -134,6 +137,7 @@ class Pipeline:
             if job.done.is_set():
                 continue
             self._live.add(job)
+            self._held_changed()
             if job.cancel_requested:
                 self._finish(job, Status.cancelled, stage=Stage.queue, etype="cancelled",
                              message="cancelled while queued")
@@ -477,14 +481,22 @@ class Pipeline:
 
     def _track(self, job: Job) -> None:
         self._live.add(job)
+        self._held_changed()
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         job.add_listener(self._untrack)
 
     def _untrack(self, job: Job) -> None:
-        self._live.discard(job)
+        if job in self._live:
+            if job.status is not Status.cancelled:  # it ran here (a cancel says nothing of speed)
+                self.throughput.finished()
+            self._live.discard(job)
+            self._held_changed()
         self._away.discard(job)
         if not self._live and not self._away:
             self._idle.set()
+
+    def _held_changed(self) -> None:
+        self.throughput.held(len(self._live), self.slots)
 
     async def _conclude(self, job: Job, status: Status, **details: Any) -> None:
         """Release what the job holds (bounded), then publish its terminal status: a trainer

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._wire import Capacity, MemberRecord, empty_capacity, headroom
+from ._wire import Capacity, MemberRecord, empty_capacity, finish_s, headroom
 
 
 class MemberState(enum.Enum):
@@ -83,6 +83,12 @@ class Member:
         """Its reported headroom (see ``headroom`` in _wire.py) minus what we forwarded
         since its last report."""
         return headroom(self.capacity) - self.pending
+
+    @property
+    def finish_s(self) -> float | None:
+        """When it would finish what it holds plus one more (see ``finish_s`` in _wire.py),
+        counting what we forwarded since its last report; None without a measured rate."""
+        return finish_s(self.capacity, self.pending)
 
     @property
     def accepts_work(self) -> bool:

@@ -15,7 +15,7 @@ def render_members(
     members: Sequence[Mapping[str, Any]] | Mapping[str, Any], *, title: str | None = "federation"
 ) -> Table:
     """A rich Table of members (the list from GET /v1/federation/members, or an object
-    with a "members" list): node, URL, state, capacity, queue, last heard.
+    with a "members" list): node, URL, state, capacity, queue, measured rate, last heard.
 
     Print it with `rich.console.Console().print(table)`. Missing fields show as "-", so a
     table from an older daemon still renders."""
@@ -31,6 +31,7 @@ def render_members(
     table.add_column("waiting", justify="right")  # through INIT, before RUN
     table.add_column("running", justify="right")
     table.add_column("backends", justify="right")
+    table.add_column("rate/s", justify="right")  # finishes per second while full
     table.add_column("last heard", justify="right")
     any_stale = False
     for m in sorted(rows, key=lambda m: str(m.get("node_id", ""))):
@@ -49,6 +50,7 @@ def render_members(
             state_text,
             *(_num(cap.get(k), stale=stale)
               for k in ("free_slots", "queued", "waiting", "in_flight", "healthy_backends")),
+            _num(f"{cap['rate']:.2f}" if cap.get("rate") else None, stale=stale),
             "now" if m.get("self") else _ago(m.get("last_heard_s")),
         )
     if any_stale:

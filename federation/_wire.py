@@ -43,6 +43,7 @@ class Capacity(TypedDict):
     healthy_backends: int  # LLM backends that pass their health check
     draining: bool  # shutting down: takes no new work
     slots: NotRequired[int]  # its workers, INIT + RUN + EVAL (0 or absent: an older member)
+    rate: NotRequired[float]  # rollouts it finishes per second while full (0 or absent: unmeasured)
 
 
 def headroom(capacity: Capacity) -> int:
@@ -55,6 +56,18 @@ def headroom(capacity: Capacity) -> int:
     if slots > 0:
         return slots - capacity["in_flight"]
     return capacity["free_slots"] - capacity["queued"]
+
+
+def finish_s(capacity: Capacity, pending: int = 0) -> float | None:
+    """Seconds until a node would have finished every rollout it holds, the ``pending`` ones
+    sent to it since its report, and one more, at the rate it measured while full; None when
+    it has no rate yet (or reports no workers: an older member). Where nodes differ in speed
+    (other CPUs, a node that also forwards and relays for the others), this, not headroom,
+    is what evens out the end of a burst."""
+    rate = capacity.get("rate", 0.0)
+    if rate <= 0 or capacity.get("slots", 0) <= 0:
+        return None
+    return (capacity["in_flight"] + pending + 1) / rate
 
 
 class MemberRecord(TypedDict):
@@ -92,6 +105,9 @@ def check_capacity(value: Any, *, what: str = "capacity") -> Capacity:
         if not _is_int(v) or v < 0:
             raise GossipPayloadError(f"{what}.{key} must be a non-negative integer, got {v!r}")
         optional[key] = v
+    rate = value.get("rate", 0.0)
+    if not isinstance(rate, int | float) or isinstance(rate, bool) or not math.isfinite(rate) or rate < 0:
+        raise GossipPayloadError(f"{what}.rate must be a finite non-negative number, got {rate!r}")
     draining = value.get("draining")
     if not isinstance(draining, bool):
         raise GossipPayloadError(f"{what}.draining must be a boolean, got {draining!r}")
@@ -103,6 +119,7 @@ def check_capacity(value: Any, *, what: str = "capacity") -> Capacity:
         healthy_backends=ints["healthy_backends"],
         draining=draining,
         slots=optional["slots"],
+        rate=float(rate),
     )
 
 

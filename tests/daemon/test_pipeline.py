@@ -228,3 +228,20 @@ async def test_hand_over_takes_queued_jobs_then_those_waiting_after_init(nursery
         while sup.statistics()["live"]:
             await trio.sleep(0.05)
     assert {j.status for j in sub.jobs} == {Status.cancelled}
+
+
+async def test_rate_while_full_counts_finished_rollouts_not_cancelled_ones(start_node,
+                                                                          autojump_clock):
+    """The pipeline feeds its Throughput: EVAL (3 s, one worker) paces 3 workers' worth of
+    rollouts at one every 3 s; cancelling queued ones does not make the node look faster.
+    The rate is in the capacity federation peers are told."""
+    node = await start_node(n_init=1, n_run=1, n_eval=1)
+    jobs = node.submit(req(n=20, init_s=1, run_s=2, eval_s=3)).jobs
+    assert node.capacity()["rate"] == 0.0
+    await trio.sleep(10)  # two finished (at 6 and 9 s)
+    for job in jobs[-5:]:
+        node.service.cancel(job.id)
+    await node.service.wait(jobs)
+    assert sum(j.status is Status.completed for j in jobs) == 15
+    assert node.pipeline.throughput.rate == pytest.approx(1 / 3)
+    assert node.capacity()["rate"] == pytest.approx(0.3333)

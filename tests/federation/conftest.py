@@ -39,6 +39,7 @@ class Cap:
     healthy_backends: int = 1
     draining: bool = False
     slots: int = 0  # 0: not reported (a member older than the field)
+    rate: float = 0.0  # 0: not measured yet (or a member older than the field)
 
     def __call__(self) -> Capacity:
         return Capacity(
@@ -49,6 +50,7 @@ class Cap:
             healthy_backends=self.healthy_backends,
             draining=self.draining,
             slots=self.slots,
+            rate=self.rate,
         )
 
 

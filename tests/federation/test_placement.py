@@ -1,4 +1,4 @@
-"""Placement: run locally or forward to the peer with more headroom (two choices)."""
+"""Placement: run locally or forward to the peer that would finish first (two choices)."""
 
 from __future__ import annotations
 
@@ -69,6 +69,79 @@ def test_headroom_counts_every_rollout_a_full_node_holds():
     assert p.choose(Cap(free_slots=0, queued=2, in_flight=8, slots=7)(), [full("c", 9)]) is None
     # an older member (no slots): free slots minus queued, as before
     assert full("d", 12, slots=0).headroom == -2
+
+
+def full_node(name: str, holds: int, rate: float, *, slots: int = 4) -> Member:
+    m = Member(node_id=name, url=f"http://{name}:1")
+    m.capacity = Cap(free_slots=0, in_flight=holds, slots=slots, rate=rate)()
+    return m
+
+
+def test_measured_rates_weigh_what_each_full_node_holds():
+    """With every rate known, the peer that would finish first wins (not the one holding
+    fewer), and a slow front forwards where headroom alone would keep the rollout."""
+    p = Placement(rng=random.Random(7))
+    slow, fast = full_node("b", 10, 0.5), full_node("c", 14, 2.0)  # 22 s against 7.5 s
+    assert slow.finish_s == 22.0 and fast.finish_s == 7.5
+    assert all(p.choose(Cap(free_slots=0, in_flight=10, slots=4, rate=1.0)(),
+                        [slow, fast]).node_id == "c" for _ in range(20))
+    # the front holds fewer than c (headroom keeps it) but is four times slower
+    front = Cap(free_slots=0, in_flight=12, slots=4, rate=0.5)()
+    assert p.choose(front, [fast]).node_id == "c"
+    # the same front, as fast as c: it keeps it (13 s against 7.5 s no longer holds)
+    assert p.choose(Cap(free_slots=0, in_flight=12, slots=4, rate=2.0)(), [fast]) is None
+    # a front with room runs it, however slow
+    assert p.choose(Cap(free_slots=1, in_flight=3, slots=4, rate=0.1)(), [fast]) is None
+
+
+def test_without_every_rate_placement_counts_headroom():
+    """A node needs a few finishes while full before it has a rate, an older member never
+    reports one: until the front and both sampled peers have one, headroom decides."""
+    p = Placement(rng=random.Random(8))
+    unmeasured = full_node("b", 10, 0.0)
+    fast = full_node("c", 14, 2.0)
+    assert unmeasured.finish_s is None
+    assert all(p.choose(Cap(free_slots=0, in_flight=12, slots=4, rate=1.0)(),
+                        [unmeasured, fast]).node_id == "b" for _ in range(20))
+    # the front has no rate: c holds more than the front, so the front keeps it
+    assert p.choose(Cap(free_slots=0, in_flight=12, slots=4)(), [fast]) is None
+
+
+def burst_shares(front_rate: float, peer_rate: float = 1.0) -> tuple[int, list[int]]:
+    """Place a burst of 128 from a front (4 workers) over 7 peers (4 workers each), every
+    report fresh at every placement: what the front keeps and each peer's share."""
+    p = Placement(rng=random.Random(9))
+    peers = {f"p{i}": full_node(f"p{i}", 0, peer_rate) for i in range(7)}
+    held = Counter[str]()
+    front = Cap(free_slots=4, in_flight=0, slots=4, rate=front_rate)
+    for _ in range(128):
+        for name, m in peers.items():
+            m.capacity = Cap(free_slots=max(0, 4 - held[name]), in_flight=held[name],
+                             slots=4, rate=peer_rate)()
+        chosen = p.choose(front(), list(peers.values()))
+        if chosen is None:
+            front.in_flight += 1
+            front.free_slots = max(0, 4 - front.in_flight)
+        else:
+            held[chosen.node_id] += 1
+    return front.in_flight, sorted(held[name] for name in peers)
+
+
+def test_a_burst_is_shared_in_proportion_to_measured_speed():
+    """A front at half a peer's speed (another CPU, or one busy forwarding and relaying)
+    keeps half a share, so it finishes about when they do, not twice as late."""
+    kept, shares = burst_shares(0.5)
+    assert kept in (8, 9) and 16 <= shares[0] and shares[-1] <= 18
+    ends = [kept / 0.5, *shares]
+    assert max(ends) - min(ends) <= 2.5  # even shares: the front would end 16 s after them
+
+
+def test_speeds_closer_than_the_noise_share_evenly():
+    """Rates of equal nodes differ by their measurement's noise: below SPEEDS_DIFFER apart
+    they are not weighed, and headroom shares the burst evenly."""
+    assert burst_shares(0.85) == burst_shares(0.0)  # 0.0: never measured
+    kept, shares = burst_shares(0.85)
+    assert kept == 16 and 15 <= shares[0] and shares[-1] <= 17
 
 
 def test_peers_that_take_no_work_are_never_chosen():

@@ -25,7 +25,8 @@ async def test_renders_members_with_state_capacity_and_last_heard():
                     "url": "http://b:8000",
                     "incarnation": 4,
                     "heartbeat": 9,
-                    "capacity": Cap(free_slots=0, queued=7, in_flight=8, waiting=5, healthy_backends=2)(),
+                    "capacity": Cap(free_slots=0, queued=7, in_flight=8, waiting=5, healthy_backends=2,
+                                    slots=4, rate=1.234)(),
                     "updated_at": 0.0,
                     "state": "suspect",
                 },
@@ -46,9 +47,11 @@ async def test_renders_members_with_state_capacity_and_last_heard():
     assert any("node-a *" in line and "now" in line for line in lines)
     b = next(line for line in lines if "node-b" in line)
     assert "suspect" in b and " ~7 " in b and " ~5 " in b and " ~8 " in b and "s ago" in b  # its last report
+    assert " ~1.23 " in b  # its measured rate; the others have none yet
     assert "stale" in text
     assert "alive, draining" in next(line for line in lines if "node-c" in line)
-    for header in ("node", "state", "free", "queued", "waiting", "running", "backends", "last heard"):
+    for header in ("node", "state", "free", "queued", "waiting", "running", "backends", "rate/s",
+                   "last heard"):
         assert header in text
 
 

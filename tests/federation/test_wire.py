@@ -129,13 +129,23 @@ async def test_capacity_without_waiting_counts_none_waiting():
     assert member is not None and member.capacity["waiting"] == 3
 
 
-async def test_capacity_without_slots_is_an_older_member_and_bad_slots_are_refused():
-    """``slots`` (a node's workers, which headroom counts against) came after the others."""
+@pytest.mark.parametrize(("field", "value", "bads"), [
+    ("slots", 7, (-1, 1.5, "7", True)),  # a node's workers, which headroom counts against
+    ("rate", 1.25, (-0.5, float("nan"), float("inf"), "1", True)),  # its speed while full
+])
+async def test_capacity_without_a_newer_field_is_an_older_member_and_bad_values_are_refused(
+    field, value, bads
+):
+    """``slots`` and ``rate`` came after the other capacity fields: a member that does not
+    send them reports 0 (not known); a bad value refuses the whole payload."""
     fed = Federation("a", "http://a:1", capacity=Cap())
-    old = {k: v for k, v in Cap(slots=7)().items() if k != "slots"}
+    old = {k: v for k, v in Cap(**{field: value})().items() if k != field}
     fed.handle_gossip({"members": [record(capacity=old)]})
     member = fed.member("b")
-    assert member is not None and member.capacity["slots"] == 0
-    for bad in (-1, 1.5, "7", True):
-        with pytest.raises(GossipPayloadError, match="slots"):
-            fed.handle_gossip({"members": [record(heartbeat=4, capacity={**Cap()(), "slots": bad})]})
+    assert member is not None and member.capacity[field] == 0
+    fed.handle_gossip({"members": [record(heartbeat=3, capacity=Cap(**{field: value})())]})
+    member = fed.member("b")
+    assert member is not None and member.capacity[field] == value
+    for bad in bads:
+        with pytest.raises(GossipPayloadError, match=field):
+            fed.handle_gossip({"members": [record(heartbeat=4, capacity={**Cap()(), field: bad})]})
