@@ -83,6 +83,8 @@ class MemberRecord(TypedDict):
 
 
 _CAPACITY_INTS: Final = ("free_slots", "queued", "in_flight", "healthy_backends")
+#: Absent from a member older than the field: read as 0.
+_CAPACITY_NEWER_INTS: Final = ("waiting", "slots")
 
 
 def empty_capacity() -> Capacity:
@@ -94,17 +96,11 @@ def check_capacity(value: Any, *, what: str = "capacity") -> Capacity:
     if not isinstance(value, Mapping):
         raise GossipPayloadError(f"{what} must be an object")
     ints: dict[str, int] = {}
-    for key in _CAPACITY_INTS:
-        v = value.get(key)
+    for key in (*_CAPACITY_INTS, *_CAPACITY_NEWER_INTS):
+        v = value.get(key, 0) if key in _CAPACITY_NEWER_INTS else value.get(key)
         if not _is_int(v) or v < 0:
             raise GossipPayloadError(f"{what}.{key} must be a non-negative integer, got {v!r}")
         ints[key] = v
-    optional = {}
-    for key in ("waiting", "slots"):  # absent from a member older than the field
-        v = value.get(key, 0)
-        if not _is_int(v) or v < 0:
-            raise GossipPayloadError(f"{what}.{key} must be a non-negative integer, got {v!r}")
-        optional[key] = v
     rate = value.get("rate", 0.0)
     if not isinstance(rate, int | float) or isinstance(rate, bool) or not math.isfinite(rate) or rate < 0:
         raise GossipPayloadError(f"{what}.rate must be a finite non-negative number, got {rate!r}")
@@ -115,10 +111,10 @@ def check_capacity(value: Any, *, what: str = "capacity") -> Capacity:
         free_slots=ints["free_slots"],
         queued=ints["queued"],
         in_flight=ints["in_flight"],
-        waiting=optional["waiting"],
+        waiting=ints["waiting"],
         healthy_backends=ints["healthy_backends"],
         draining=draining,
-        slots=optional["slots"],
+        slots=ints["slots"],
         rate=float(rate),
     )
 
