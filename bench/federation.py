@@ -671,9 +671,14 @@ async def finished_counts(cluster: Cluster, http: httpx.AsyncClient) -> list[int
     return out
 
 
-async def forwarded_total(cluster: Cluster, http: httpx.AsyncClient) -> int:
+FRONT_COUNTS = ("forwarded_total", "relay_probes", "relay_lookups")
+
+
+async def front_counts(cluster: Cluster, http: httpx.AsyncClient) -> list[int]:
+    """The front's forwarder counters (FRONT_COUNTS; 0 where a daemon lacks one)."""
     st = (await http.get(cluster.urls[0] + "/v1/status")).json()
-    return int((st.get("federation") or {}).get("forwarded_total", 0))
+    fed = st.get("federation") or {}
+    return [int(fed.get(key, 0)) for key in FRONT_COUNTS]
 
 
 # ---- load -------------------------------------------------------------------------------------
@@ -767,6 +772,7 @@ class Result:
     work: list[int]
     work_source: str
     forwarded: int
+    sweeps: tuple[int, int]  # the front's relays' safety net: (status listings, trajectory lookups)
     cpu_s: list[float]  # per daemon, cgroup (sandboxes included)
     proc_cpu_s: list[float]  # per daemon, the daemon process alone
     throttled_s: list[float]
@@ -835,7 +841,7 @@ async def measure(run: Run, cluster: Cluster, http: httpx.AsyncClient, converge_
     await trio.sleep(IDLE_S)
     idle = [(budgets.usage_s(i) - a) / (IDLE_S * run.cores_each) for i, a in zip(idx, idle0, strict=True)]
     before = await finished_counts(cluster, http)
-    fwd0 = await forwarded_total(cluster, http)
+    fwd0 = await front_counts(cluster, http)
     cpu0 = [budgets.usage_s(i) for i in idx]
     pcpu0 = [proc_cpu_s(p.pid) for p in cluster.procs]
     thr0 = [budgets.throttled_s(i) for i in idx]
@@ -850,7 +856,7 @@ async def measure(run: Run, cluster: Cluster, http: httpx.AsyncClient, converge_
     for i in idx:  # a quick drain
         budgets.set_cores(i, None)
     after = await finished_counts(cluster, http)
-    fwd1 = await forwarded_total(cluster, http)
+    fwd1 = await front_counts(cluster, http)
     if all(o.node is not None for o in outcomes):
         work = [sum(1 for o in outcomes if o.node == name) for name in cluster.names]
         source = "trajectory node_id"
@@ -860,7 +866,7 @@ async def measure(run: Run, cluster: Cluster, http: httpx.AsyncClient, converge_
     return Result(
         label=run.label, n=cluster.n, slots=run.slots, cores_each=run.cores_each,
         outcomes=outcomes, converge_s=converge_s, work=work, work_source=source,
-        forwarded=fwd1 - fwd0,
+        forwarded=fwd1[0] - fwd0[0], sweeps=(fwd1[1] - fwd0[1], fwd1[2] - fwd0[2]),
         cpu_s=[b - a for a, b in zip(cpu0, cpu1, strict=True)],
         proc_cpu_s=[b - a for a, b in zip(pcpu0, pcpu1, strict=True)],
         throttled_s=[b - a for a, b in zip(thr0, thr1, strict=True)],
@@ -879,7 +885,8 @@ def describe(r: Result) -> str:
     return (f"{r.label}: {r.rps:.2f} rollouts/s ({r.rollouts} in {r.seconds:.1f} s), "
             f"p50 {r.latency(0.5):.1f} s, p99 {r.latency(0.99):.1f} s, work {r.work}, "
             f"CPU s {[round(c, 1) for c in r.cpu_s]}{fails} (waited {r.converge_s:.0f} s for "
-            f"start-up, warm-up {r.warm_s:.0f} s)")
+            f"start-up, warm-up {r.warm_s:.0f} s; the front's relays swept with "
+            f"{r.sweeps[0]} listings and {r.sweeps[1]} lookups)")
 
 
 def results_table(title: str, results: list[Result], base: Result | None) -> Table:

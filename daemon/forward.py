@@ -21,7 +21,7 @@ import httpx
 import trio
 
 from rolloutd.daemon.errors import DaemonError
-from rolloutd.daemon.jobs import new_id
+from rolloutd.daemon.jobs import MAX_FILTER_IDS, new_id
 from rolloutd.daemon.trajectory import ErrorInfo, Status, Trajectory
 from rolloutd.federation import (
     Federation,
@@ -38,15 +38,20 @@ log = logging.getLogger(__name__)
 #: Connect quickly (a dead peer should not stall a submit); reads last as long as a rollout.
 TIMEOUT = httpx.Timeout(connect=3.0, read=None, write=30.0, pool=10.0)
 POLL_INTERVAL_S = 1.0
-#: While a peer's stream is open, the results it has not delivered are looked up (a safety
-#: net: no run has yet found one it missed) SWEEP_MAX at a time, first after SWEEP_S, then
-#: twice as long after each sweep, at most SWEEP_MAX_S apart; the lookups of every relay
-#: to one peer share SWEEP_RATE a second. So the net costs a few requests per rollout
-#: however long it runs and however many streams are open.
+#: While a peer's stream is open, the results it has not delivered are swept for (a safety
+#: net: no run has yet found one it missed), first after SWEEP_S, then twice as long after
+#: each sweep, at most SWEEP_MAX_S apart. A sweep asks the peer's listing for the statuses
+#: of up to PROBE_MAX of them in one request (``GET /v1/rollouts?ids=``), and looks up the
+#: whole trajectory only of those it shows finished or does not hold, SWEEP_MAX at most; a
+#: peer without that filter (an older version) gets the lookups of the SWEEP_MAX that waited
+#: longest. The requests of every relay to one peer share SWEEP_RATE a second. So the net
+#: costs about one small request per relay and sweep however long its rollouts run (their
+#: trajectories so far can be megabytes), and however many streams are open.
 SWEEP_S = 5.0
 SWEEP_MAX_S = 60.0
 SWEEP_MAX = 16
 SWEEP_RATE = 20.0
+PROBE_MAX = MAX_FILTER_IDS
 #: A lookup or cancel relayed to a peer: a partitioned peer answers 503 rather than hang.
 LOOKUP_TIMEOUT = httpx.Timeout(connect=3.0, read=10.0, write=10.0, pool=10.0)
 #: Connections to peers outlive the gap between two bursts: a trainer's batches come a
@@ -105,6 +110,8 @@ class Forwarder:
         self._sweep_at: dict[str, float] = {}  # node id -> when its next sweep lookup may go
         self._http: httpx.AsyncClient | None = None
         self.forwarded_total = 0
+        self.probes = 0  # sweeps' listing requests to peers (statuses of undelivered ids)
+        self.lookups = 0  # relays' lookups of one trajectory each (sweeps, and polls once a stream broke)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with httpx.AsyncClient(timeout=TIMEOUT, limits=POOL,
@@ -307,12 +314,12 @@ class Forwarder:
     async def relay(self, node_id: str, ids: Sequence[str], send: trio.MemorySendChannel[str]) -> None:
         """Push the trajectories of ``ids`` (all on one peer) into ``send`` as they finish.
 
-        The peer's stream delivers them; meanwhile the ``SWEEP_MAX`` that waited longest are
-        looked up one by one after ``SWEEP_S``, then at doubling intervals (at most
-        ``SWEEP_MAX_S``), paced per peer (``SWEEP_RATE``), so a result the stream misses (a
-        relay chain through a peer that handed the rollout on) still arrives. Once the stream
-        breaks off, they are looked up every ``POLL_INTERVAL_S`` until each is finished or
-        declared lost."""
+        The peer's stream delivers them; meanwhile, after ``SWEEP_S`` and then at doubling
+        intervals (at most ``SWEEP_MAX_S``), a sweep asks the peer which of them it shows
+        finished (``_unsettled``) and looks those up one by one, paced per peer
+        (``SWEEP_RATE``), so a result the stream misses (a relay chain through a peer that
+        handed the rollout on) still arrives. Once the stream breaks off, they are looked up
+        every ``POLL_INTERVAL_S`` until each is finished or declared lost."""
         todo = list(ids)
         gone = False
         broke = trio.Event()
@@ -342,13 +349,14 @@ class Forwarder:
                     with trio.move_on_after(interval):
                         await broke.wait()
                     interval = min(2 * interval, SWEEP_MAX_S)
-                # While the stream is open, a bounded, paced sweep of the longest-waiting ones.
-                for job_id in list(todo) if broke.is_set() else todo[:SWEEP_MAX]:
+                # While the stream is open, a paced sweep of those the peer shows finished.
+                for job_id in list(todo) if broke.is_set() else await self._unsettled(node_id, todo):
                     if not broke.is_set():
                         await self._sweep_turn(node_id)
                     if job_id not in todo:  # the stream delivered it meanwhile
                         continue
                     try:
+                        self.lookups += 1
                         found = await self.get(job_id)
                     except PeerUnavailable:
                         continue
@@ -360,6 +368,25 @@ class Forwarder:
                             gone = True
                             break
             nursery.cancel_scope.cancel()
+
+    async def _unsettled(self, node_id: str, todo: list[str]) -> list[str]:
+        """Of ``todo`` (ids of rollouts on ``node_id`` not yet relayed), those worth a lookup:
+        the ones the peer's listing shows finished, or does not hold (handed on, expired into
+        its journal, or never taken: the lookup tells), at most SWEEP_MAX. Without an answer
+        from the listing (an older peer, an error), the SWEEP_MAX that waited longest."""
+        asked = todo[:PROBE_MAX]
+        await self._sweep_turn(node_id)
+        try:
+            resp = await self._client().get(
+                f"{self._member(node_id).url}/v1/rollouts",
+                params={"ids": ",".join(asked), "limit": len(asked)}, timeout=LOOKUP_TIMEOUT)
+            self.probes += 1
+            resp.raise_for_status()
+            held = {row["id"]: row["status"] for row in resp.json()["rollouts"]}
+        except (httpx.HTTPError, PeerUnavailable, ValueError, KeyError, TypeError):
+            return todo[:SWEEP_MAX]
+        return [job_id for job_id in asked
+                if job_id not in held or _finished(held[job_id])][:SWEEP_MAX]
 
     async def _sweep_turn(self, node_id: str) -> None:
         """Wait for the next of ``SWEEP_RATE`` sweep lookups a second to ``node_id``."""
@@ -411,7 +438,8 @@ class Forwarder:
                 log.warning("could not cancel orphan %s on %s", job_id, member.node_id)
 
     def statistics(self) -> dict[str, Any]:
-        return {"forwarded_total": self.forwarded_total, "lost": len(self._lost), **self.live.statistics()}
+        return {"forwarded_total": self.forwarded_total, "lost": len(self._lost),
+                "relay_probes": self.probes, "relay_lookups": self.lookups, **self.live.statistics()}
 
     # ---- internals -------------------------------------------------------------------
 
@@ -443,6 +471,15 @@ class Forwarder:
         if node_id is None:
             raise PeerUnavailable(f"no peer is known to hold {job_id} any more")
         return self._member(node_id)
+
+
+def _finished(status: Any) -> bool:
+    """Whether a listing's ``status`` is terminal (a status this version does not know counts
+    as finished: the lookup then tells)."""
+    try:
+        return Status(status).terminal
+    except ValueError:
+        return True
 
 
 def line_id(line: str) -> str:

@@ -10,6 +10,7 @@ finished result does not grow with the size of the task.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import trio
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rolloutd.daemon.errors import DaemonError
 from rolloutd.daemon.replay import ReplaySource, keep_for_replay
@@ -240,6 +241,10 @@ class RolloutSummary(BaseModel):
     error_type: str | None = Field(description="`error.type` of a failed rollout.")
 
 
+#: The most ids one listing may name (``RolloutFilter.ids``): a page's most rollouts.
+MAX_FILTER_IDS = 500
+
+
 class RolloutFilter(BaseModel):
     """Which held jobs a listing selects: every condition given holds."""
 
@@ -254,9 +259,26 @@ class RolloutFilter(BaseModel):
     min_reward: float | None = Field(None, allow_inf_nan=False)
     max_reward: float | None = Field(None, allow_inf_nan=False)
     id_prefix: str | None = Field(None, min_length=1, max_length=200)
+    ids: str | None = Field(None, min_length=1, max_length=MAX_FILTER_IDS * 64, pattern=r"^[^,]+(,[^,]+)*$",
+                            description=f"Only these rollouts: ids, comma-separated (at most {MAX_FILTER_IDS}). "
+                            "An id this daemon does not hold is left out.")
+
+    @field_validator("ids")
+    @classmethod
+    def _few_ids(cls, value: str | None) -> str | None:
+        if value is not None and value.count(",") >= MAX_FILTER_IDS:
+            raise ValueError(f"at most {MAX_FILTER_IDS} ids")
+        return value
+
+    @functools.cached_property
+    def wanted(self) -> tuple[str, ...] | None:
+        """The ``ids`` asked for, each once, in the order given (None: every id)."""
+        return None if self.ids is None else tuple(dict.fromkeys(self.ids.split(",")))
 
     def __call__(self, job: Job) -> bool:
         t = job.trajectory
+        if self.wanted is not None and job.id not in self.wanted:
+            return False
         if self.status is not None and t.status is not self.status:
             return False
         if self.group_id is not None and job.group_id != self.group_id:
@@ -429,7 +451,12 @@ class ResultStore:
         self.expire()
         page: list[Job] = []
         total = 0
-        for job in reversed(self._jobs.values()):
+        wanted = match.wanted
+        held: Iterable[Job] = reversed(self._jobs.values())
+        if wanted is not None:  # a few named ones: looked up, not found by a scan of the store
+            named = [job for job in map(self._jobs.get, wanted) if job is not None]
+            held = sorted(named, key=lambda job: job.submitted_at, reverse=True)
+        for job in held:
             if match(job):
                 if offset <= total < offset + limit:
                     page.append(job)

@@ -29,6 +29,7 @@ class Peer:
         self.port = 0
         self.gate: trio.Event | None = None  # when set: answers wait for it
         self.hang_streams = False  # a stream request gets no answer
+        self.listing: tuple[int, object] | None = None  # when set: answers GET /v1/rollouts?...
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -51,8 +52,11 @@ class Peer:
             if self.mode == "answer":
                 if self.gate is not None:
                     await self.gate.wait()
-                payload = self.body if isinstance(self.body, bytes) else json.dumps(self.body).encode()
-                head = (f"HTTP/1.1 {self.status} X\r\ncontent-type: application/json\r\n"
+                status, body = self.status, self.body
+                if self.listing is not None and data.startswith(b"GET /v1/rollouts?"):
+                    status, body = self.listing
+                payload = body if isinstance(body, bytes) else json.dumps(body).encode()
+                head = (f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n"
                         f"content-length: {len(payload)}\r\nconnection: close\r\n\r\n")
                 await stream.send_all(head.encode() + payload)
 
@@ -281,6 +285,63 @@ async def test_the_lookups_of_an_open_stream_back_off(nursery, monkeypatch):
     assert 3 <= len(times) <= 5, times
     gaps = [b - a for a, b in zip(times, times[1:])]
     assert gaps[0] >= 0.2 and all(g >= 0.4 for g in gaps[1:]), gaps
+
+
+def probes(peer: Peer) -> list[bytes]:
+    """The listings by ids the peer was asked for (a sweep's statuses)."""
+    return [r for r in peer.requests if r.startswith(b"GET /v1/rollouts?")]
+
+
+async def test_a_sweep_looks_up_only_what_the_peer_shows_finished(nursery, monkeypatch):
+    """A sweep asks the peer's listing for the statuses of every undelivered id in one small
+    request, and fetches the whole trajectory (megabytes, for a long agent) only of one the
+    listing shows finished or does not hold."""
+    from rolloutd.daemon import forward
+
+    monkeypatch.setattr(forward, "SWEEP_S", 0.1)
+    fwd, peer = await forwarded(nursery)
+    await fwd.submit(peer.member, BODY, 2, wait=False)
+    running, finished, unheld, later = fwd.live.jobs_on("peer")
+    peer.hang_streams = True
+    peer.listing = (200, {"rollouts": [{"id": running, "status": "run"},
+                                       {"id": finished, "status": "completed"},
+                                       {"id": later, "status": "some-future-status"}], "total": 3})
+    peer.status, peer.body = 200, {"status": "run"}  # what every lookup answers (this fake's)
+    send, recv = trio.open_memory_channel[str](4)
+    with recv:
+        nursery.start_soon(fwd.relay, "peer", [running, finished, unheld, later], send)
+        with trio.fail_after(5):
+            while len(lookups_requests(peer)) < 3:
+                await trio.sleep(0.01)
+        asked = [r.split(b" ")[1] for r in lookups_requests(peer)[:3]]
+        assert asked == [f"/v1/rollouts/{i}".encode() for i in (finished, unheld, later)]
+        probe = probes(peer)[0]
+        assert all(i.encode() in probe for i in (running, finished, unheld, later))
+        assert fwd.statistics()["relay_probes"] >= 1 and fwd.statistics()["relay_lookups"] >= 3
+
+
+@pytest.mark.parametrize("listing", [(400, {"error": {"type": "bad_request", "message": "unknown ids"}}),
+                                     (200, {"id": "r-x", "status": "run"})])
+async def test_a_peer_without_the_ids_listing_gets_the_lookups_as_before(nursery, monkeypatch, listing):
+    """An older peer refuses the filter (400) or answers something else: the sweep looks up
+    the SWEEP_MAX that waited longest, as before the listing existed."""
+    from rolloutd.daemon import forward
+
+    monkeypatch.setattr(forward, "SWEEP_S", 0.1)
+    fwd, peer = await forwarded(nursery)
+    ids = fwd.live.jobs_on("peer")
+    peer.hang_streams = True
+    peer.listing = listing
+    peer.status, peer.body = 200, {"id": ids[1], "status": "completed"}
+    send, recv = trio.open_memory_channel[str](2)
+    nursery.start_soon(fwd.relay, "peer", ids, send)
+    with trio.fail_after(5), recv:
+        assert json.loads(await recv.receive())["status"] == "completed"
+    assert len(probes(peer)) == 1 and len(lookups_requests(peer)) >= 1
+
+
+def lookups_requests(peer: Peer) -> list[bytes]:
+    return [r for r in peer.requests if r.startswith(b"GET /v1/rollouts/r")]
 
 
 async def test_the_lookups_of_every_relay_to_one_peer_share_a_rate(nursery, monkeypatch):

@@ -127,6 +127,31 @@ async def test_listing_pages(asgi):
         assert len((await client.get("/v1/rollouts", params={"limit": 500})).json()["rollouts"]) == 7
 
 
+async def test_listing_by_ids_names_only_those_held(asgi):
+    """The front's relays ask a peer for the statuses of the rollouts its stream has not
+    delivered yet: a listing of just those ids, found without scanning the store."""
+    client, node = await asgi()
+    async with client:
+        _, done = await _submit(client, node, task=sleep_task(), n=3)
+        r = await client.post("/v1/rollouts", json={"task": sleep_task(run_s=60)})
+        live = r.json()["ids"][0]
+        asked = [done[2], "r-not-here", live, done[0], done[2]]
+        r = await client.get("/v1/rollouts", params={"ids": ",".join(asked), "limit": len(asked)})
+        assert r.status_code == 200, r.text
+        got = {x["id"]: x["status"] for x in r.json()["rollouts"]}
+        assert got.keys() == {done[2], live, done[0]} and r.json()["total"] == 3
+        assert got[done[0]] == got[done[2]] == "completed" and got[live] in ("queued", "init", "run")
+        assert [x["id"] for x in r.json()["rollouts"]][0] == live  # newest first, as ever
+        r = await client.get("/v1/rollouts", params={"ids": ",".join(done), "status": "completed",
+                                                     "limit": 2})
+        assert r.json()["total"] == 3 and len(r.json()["rollouts"]) == 2  # combines, pages
+        many = ",".join([*(f"r-{i}" for i in range(499)), live])
+        r = await client.get("/v1/rollouts", params={"ids": many, "limit": 500})
+        assert [x["id"] for x in r.json()["rollouts"]] == [live]
+        await client.delete(f"/v1/rollouts/{live}")
+        await node.service.get(live).done.wait()
+
+
 async def test_listing_shows_live_rollouts(asgi):
     client, node = await asgi()
     async with client:
@@ -145,6 +170,7 @@ async def test_listing_shows_live_rollouts(asgi):
     {"status": "done"}, {"min_reward": "nan"}, {"max_reward": "inf"}, {"min_reward": "x"},
     {"group_id": ""}, {"id_prefix": ""}, {"label": "x" * 201}, {"bogus": 1},
     {"batch_id": ""}, {"batch_id": "b" * 201},
+    {"ids": ""}, {"ids": "a,,b"}, {"ids": ",a"}, {"ids": ",".join(f"r-{i}" for i in range(501))},
 ])
 async def test_listing_bad_query_is_400(asgi, params):
     client, _ = await asgi()
@@ -167,7 +193,7 @@ async def test_listing_needs_the_token_and_is_documented(asgi):
     assert {"200", "400", "401"} <= set(op["responses"])
     params = {p["name"]: p for p in op["parameters"]}
     assert set(params) == {"status", "group_id", "batch_id", "label", "kind", "min_reward", "max_reward",
-                           "id_prefix", "limit", "offset"}
+                           "id_prefix", "ids", "limit", "offset"}
     assert not any(p["required"] for p in params.values())
     assert params["limit"]["schema"]["maximum"] == 500 and params["limit"]["schema"]["minimum"] == 1
     assert not any(path.startswith("/ui") for path in doc["paths"])
