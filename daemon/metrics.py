@@ -6,7 +6,8 @@ Two sources:
   worker counts, live jobs, images (stored, bytes, hits, misses, prefetch, unpack time),
   sandboxes (live, idle in the warm pool, opened, closed, start
   failures, swept orphans), each LLM backend's health, in-flight requests, served requests
-  and failures, whether the daemon drains. Plus the process's RSS, fds and CPU.
+  and failures, whether the daemon drains; in a federation, its members by state, its gossip
+  counters, and what it forwarded, relayed and had stolen. Plus the process's RSS, fds and CPU.
 - **Per finished rollout**, :meth:`Metrics.observe_job` reads its trajectory: rollouts by
   status (and usable), time per stage, LLM request latency, sampled tokens and retries by
   backend, tool latency and failed tool calls by tool. The same observation feeds what
@@ -38,6 +39,7 @@ from pydantic import BaseModel, Field
 
 from rolloutd.daemon.jobs import Job, percentiles
 from rolloutd.daemon.trajectory import Trajectory
+from rolloutd.federation import MemberState
 
 _STAGE_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 _FAST_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -69,6 +71,8 @@ class _StatusCollector(Collector):
         yield from _sandbox_metrics(st.get("sandboxes") or {})
         yield from _image_metrics(st.get("images") or {})
         yield from _backend_metrics((st.get("backends") or {}).get("backends", []))
+        if st.get("federation"):
+            yield from _federation_metrics(st["federation"])
         yield GaugeMetricFamily("rolloutd_draining", "1 while draining", value=1.0 if st["draining"] else 0.0)
         yield GaugeMetricFamily("rolloutd_ready", "1 while accepting rollouts", value=1.0 if st["ready"] else 0.0)
 
@@ -113,6 +117,41 @@ def _backend_metrics(backends: list[dict[str, Any]]) -> Iterator[Metric]:
     yield inflight
     yield served
     yield failures
+
+
+#: The federation's counters in GET /v1/status: (its key there, metric name, help).
+_FEDERATION_COUNTERS = (
+    (("gossip", "rounds"), "gossip_rounds", "Gossip rounds this daemon started"),
+    (("gossip", "exchanges"), "gossip_exchanges", "Gossip exchanges this daemon started that succeeded"),
+    (("gossip", "answered"), "gossip_answered", "Gossip exchanges peers started with this daemon"),
+    (("gossip", "failures"), "gossip_failures", "Gossip exchanges that failed (unreachable, timeout, bad answer)"),
+    (("gossip", "auth_failures"), "gossip_auth_failures",
+     "Gossip exchanges a peer refused (401/403: the federation's token differs)"),
+    (("gossip", "refutations"), "gossip_refutations", "Times this daemon refuted a suspicion of itself"),
+    (("forwarded_total",), "forwarded", "Rollouts this daemon forwarded to peers"),
+    (("relay_probes",), "relay_probes", "Listings of a peer's undelivered rollouts (relay sweeps)"),
+    (("relay_lookups",), "relay_lookups", "Lookups of one forwarded rollout's trajectory"),
+    (("taken_over",), "taken_over", "Queued rollouts this daemon took from busier peers"),
+    (("handed_over",), "handed_over", "Queued rollouts this daemon handed to peers that asked"),
+)
+
+
+def _federation_metrics(fed: dict[str, Any]) -> Iterator[Metric]:
+    members = GaugeMetricFamily("rolloutd_federation_members",
+                                "Members this daemon knows of, itself included, by state", labels=["state"])
+    states = dict.fromkeys((s.value for s in MemberState), 0)
+    for m in fed.get("members", []):
+        states[m["state"]] = states.get(m["state"], 0) + 1
+    for state, n in states.items():
+        members.add_metric([state], n)
+    yield members
+    yield GaugeMetricFamily("rolloutd_federation_forwarded_open",
+                            "Forwarded rollouts whose result has not come back yet", value=fed.get("forwarded", 0))
+    for path, name, help_text in _FEDERATION_COUNTERS:
+        value: Any = fed
+        for key in path:
+            value = value.get(key, 0) if isinstance(value, dict) else 0
+        yield CounterMetricFamily(f"rolloutd_federation_{name}", help_text, value=value)
 
 
 # ---- what /v1/status shows of the observed rollouts -----------------------------------------

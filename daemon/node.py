@@ -178,12 +178,20 @@ class Node:
             ),
             "federation": (
                 {"members": self.federation.members(),
+                 "gossip": self._gossip_statistics(),
                  **(self.forwarder.statistics() if self.forwarder else {}),
                  **(self.front.stealer.statistics() if self.front.stealer else {})}
                 if self.federation
                 else None
             ),
         }
+
+    def _gossip_statistics(self) -> dict[str, int]:
+        """This node's gossip counters since it started (the member table has the states)."""
+        assert self.federation is not None
+        counts = dataclasses.asdict(self.federation.statistics())
+        del counts["members"]
+        return counts
 
     def capacity(self) -> dict[str, Any]:
         """What federation peers are told about this node."""

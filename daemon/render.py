@@ -59,6 +59,14 @@ def print_federation(st: Mapping[str, Any], console: Console | None = None) -> N
     from rolloutd.federation import render_members
 
     console.print(render_members(fed["members"]))
+    gossip = fed.get("gossip")
+    if gossip:  # absent from an older daemon
+        refused = gossip["auth_failures"]
+        console.print(
+            f"gossip: {gossip['rounds']} rounds; {gossip['exchanges']} exchanges started, "
+            f"{gossip['answered']} answered, {gossip['failures']} failed, "
+            + (f"[red]{refused} refused (a peer has another token)[/red]" if refused else "0 refused")
+            + f"; {gossip['refutations']} refutations")
 
 
 def submit_with_progress(

@@ -147,7 +147,55 @@ async def test_status_federation_prints_the_member_table(tmp_path, nursery, monk
     for node, _ in cluster:
         assert node.node_id in out
     assert "alive" in out
+    assert "gossip:" in out and "0 refused" in out
     for node, _ in cluster:
+        node.request_stop()
+
+
+async def test_status_and_metrics_show_gossip_counters_and_members_by_state(tmp_path, nursery):
+    """An operator sees the gossip (rounds, exchanges, failures, refused tokens) and the
+    members by state in GET /v1/status and /metrics, not only in the logs."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    cluster = await start_cluster(tmp_path, nursery)
+    front = cluster[0][0]
+    async with httpx.AsyncClient(base_url=front.urls[0], headers=auth_headers("fedtok")) as http:
+        await trio.sleep(0.5)  # a few rounds at 0.1 s
+        gossip = (await http.get("/v1/status")).json()["federation"]["gossip"]
+        assert set(gossip) == {"rounds", "exchanges", "answered", "failures", "auth_failures", "refutations"}
+        assert gossip["rounds"] >= 3 and gossip["exchanges"] >= 1 and gossip["answered"] >= 1
+        assert gossip["auth_failures"] == 0
+        metrics = (await http.get("/metrics")).text
+    families = {f.name: f for f in text_string_to_metric_families(metrics)}
+    members = {s.labels["state"]: s.value for s in families["rolloutd_federation_members"].samples}
+    assert members == {"alive": 3, "suspect": 0, "dead": 0, "left": 0}
+    for name in ("gossip_rounds", "gossip_exchanges", "gossip_answered"):
+        (sample,) = [s for s in families[f"rolloutd_federation_{name}"].samples if s.name.endswith("_total")]
+        assert sample.value >= 1, name
+    for name in ("gossip_auth_failures", "forwarded", "relay_probes", "taken_over", "handed_over"):
+        assert f"rolloutd_federation_{name}" in families, name
+    assert "rolloutd_federation_forwarded_open" in families
+    for node, _ in cluster:
+        node.request_stop()
+
+
+async def test_a_peer_with_another_token_shows_as_refused_gossip(tmp_path, nursery):
+    """A member started with another token: the refused exchanges are counted, so the
+    operator's alert (`rolloutd_federation_gossip_auth_failures_total`) fires."""
+    port, other = free_ports(2)
+    urls = [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{other}"]
+    nodes = []
+    for i, (p, token) in enumerate(((port, "tok-a"), (other, "tok-b"))):
+        settings = make_settings(tmp_path / f"t{i}", port=p, node_id=f"t{i}", url=urls[i], seeds=urls,
+                                 token=token, gossip_interval_s=0.1)
+        node = Node(settings, services=Services())
+        await nursery.start(node.run)
+        nodes.append(node)
+    await trio.sleep(0.6)
+    async with httpx.AsyncClient(base_url=urls[0], headers=auth_headers("tok-a")) as http:
+        gossip = (await http.get("/v1/status")).json()["federation"]["gossip"]
+    assert gossip["auth_failures"] >= 1 and gossip["exchanges"] == 0
+    for node in nodes:
         node.request_stop()
 
 
