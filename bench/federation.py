@@ -30,7 +30,7 @@ rollout per RUN slot); the quota goes on for the measured burst only. The budget
 the benchmark client and the kernel). Per-daemon CPU is the cgroup's usage over the burst
 (``cpuacct.usage`` or ``cpu.stat``), sandboxes and tools included. Before each burst every
 daemon sits idle under its budget for 3 s: what membership alone (gossip, health checks)
-costs it. Each burst also records the CPU the rest of the machine used meanwhile ("other
+costs it, with the gossip exchanges it started and answered meanwhile. Each burst also records the CPU the rest of the machine used meanwhile ("other
 load": this VM is shared) and the hypervisor's steal.
 
 1. Saturation: ONE daemon with one budget, for each RUN slot count in ``--sweep`` (n_init
@@ -671,6 +671,16 @@ async def finished_counts(cluster: Cluster, http: httpx.AsyncClient) -> list[int
     return out
 
 
+async def gossip_counts(cluster: Cluster, http: httpx.AsyncClient) -> list[int | None]:
+    """Each daemon's gossip exchanges so far, those it started and those peers started with
+    it (None: a daemon that does not report them, or one without federation)."""
+    out: list[int | None] = []
+    for url in cluster.urls:
+        gossip = ((await http.get(url + "/v1/status")).json().get("federation") or {}).get("gossip")
+        out.append(gossip["exchanges"] + gossip["answered"] if gossip else None)
+    return out
+
+
 FRONT_COUNTS = ("forwarded_total", "relay_probes", "relay_lookups")
 
 
@@ -782,6 +792,7 @@ class Result:
     other_cpu_s: float  # everything else on the machine (not our daemons, not the client)
     steal_s: float  # taken by the hypervisor
     idle_share: list[float]  # per daemon: CPU used while idle, as a share of its budget
+    idle_gossip: list[float]  # per daemon: gossip exchanges a second while idle (started + answered)
     indices: list[int] = dataclasses.field(default_factory=list)
     exit_codes: list[int | None] = dataclasses.field(default_factory=list)
     repeats: list[float] = dataclasses.field(default_factory=list)  # rollouts/s of each repeat
@@ -837,9 +848,13 @@ async def measure(run: Run, cluster: Cluster, http: httpx.AsyncClient, converge_
         budgets.set_cores(i, run.cores_each)
     await trio.sleep(2 * gossip_interval())
     # Idle, under the budget: what membership (gossip, health checks) costs each daemon.
+    gossip0 = await gossip_counts(cluster, http)
     idle0 = [budgets.usage_s(i) for i in idx]
     await trio.sleep(IDLE_S)
     idle = [(budgets.usage_s(i) - a) / (IDLE_S * run.cores_each) for i, a in zip(idx, idle0, strict=True)]
+    gossip1 = await gossip_counts(cluster, http)
+    gossip_rate = [(b - a) / IDLE_S if a is not None and b is not None else float("nan")
+                   for a, b in zip(gossip0, gossip1, strict=True)]
     before = await finished_counts(cluster, http)
     fwd0 = await front_counts(cluster, http)
     cpu0 = [budgets.usage_s(i) for i in idx]
@@ -873,7 +888,7 @@ async def measure(run: Run, cluster: Cluster, http: httpx.AsyncClient, converge_
         warmup_failures=sum(1 for o in warm if not o.ok), warm_s=warm_s,
         client_cpu_s=client1 - client0,
         other_cpu_s=(machine1[0] - machine0[0]) - (ours1 - ours0) - (client1 - client0),
-        steal_s=machine1[1] - machine0[1], idle_share=idle,
+        steal_s=machine1[1] - machine0[1], idle_share=idle, idle_gossip=gossip_rate,
     )
 
 
@@ -918,7 +933,8 @@ def results_table(title: str, results: list[Result], base: Result | None) -> Tab
 def cpu_table(title: str, results: list[Result]) -> Table:
     table = Table(title=title)
     for col in ("run", "CPU s per daemon (cgroup: daemon, sandboxes, tools)", "CPU s/rollout",
-                "% of budget busiest / mean", "idle % of budget mean / max", "throttled s (sum)", "daemon process CPU s front / peers mean",
+                "% of budget busiest / mean", "idle % of budget mean / max", "idle gossip exchanges/s mean",
+                "throttled s (sum)", "daemon process CPU s front / peers mean",
                 "client CPU s", "other load cores", "steal cores"):
         table.add_column(col, justify="right")
     for r in results:
@@ -928,6 +944,7 @@ def cpu_table(title: str, results: list[Result]) -> Table:
             r.label, " ".join(f"{c:.1f}" for c in r.cpu_s), f"{sum(r.cpu_s) / max(1, r.rollouts):.2f}",
             f"{100 * max(use):.0f}% / {100 * statistics.mean(use):.0f}%",
             f"{100 * statistics.mean(r.idle_share):.1f}% / {100 * max(r.idle_share):.1f}%",
+            f"{statistics.mean(r.idle_gossip):.1f}",
             f"{sum(r.throttled_s):.1f}",
             f"{r.proc_cpu_s[0]:.1f} / " + (f"{statistics.mean(peers):.1f}" if peers else "-"),
             f"{r.client_cpu_s:.1f}", f"{r.other_cpu_s / r.seconds:.2f}", f"{r.steal_s / r.seconds:.2f}",
@@ -1099,7 +1116,8 @@ async def bench(args: argparse.Namespace) -> None:
         f"sees it. work per daemon: rollouts each daemon ran, from {' and '.join(sorted(sources))}; "
         "busiest/mean of it. CPU s: each daemon's cgroup over the burst (its sandboxes and tools "
         "included); % of budget: that over (budget x burst time); idle: the same over "
-        f"{IDLE_S:g} s before the burst, with nothing submitted (gossip, health checks); throttled: time the quota held "
+        f"{IDLE_S:g} s before the burst, with nothing submitted (gossip, health checks), and the gossip "
+        "exchanges a daemon started or answered a second meanwhile (GET /v1/status); throttled: time the quota held "
         "them back; daemon process: the rolloutd process alone. Other load: CPU the rest of the "
         "machine used meanwhile (not these daemons, not this client), in cores; steal: taken by "
         "the hypervisor.")
