@@ -39,7 +39,6 @@ from pydantic import BaseModel, Field
 
 from rolloutd.daemon.jobs import Job, percentiles
 from rolloutd.daemon.trajectory import Trajectory
-from rolloutd.federation import MemberState
 
 _STAGE_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 _FAST_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -139,10 +138,7 @@ _FEDERATION_COUNTERS = (
 def _federation_metrics(fed: dict[str, Any]) -> Iterator[Metric]:
     members = GaugeMetricFamily("rolloutd_federation_members",
                                 "Members this daemon knows of, itself included, by state", labels=["state"])
-    states = dict.fromkeys((s.value for s in MemberState), 0)
-    for m in fed.get("members", []):
-        states[m["state"]] = states.get(m["state"], 0) + 1
-    for state, n in states.items():
+    for state, n in fed.get("states", {}).items():
         members.add_metric([state], n)
     yield members
     yield GaugeMetricFamily("rolloutd_federation_forwarded_open",

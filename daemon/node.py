@@ -178,7 +178,7 @@ class Node:
             ),
             "federation": (
                 {"members": self.federation.members(),
-                 "gossip": self._gossip_statistics(),
+                 **self._gossip_statistics(),
                  **(self.forwarder.statistics() if self.forwarder else {}),
                  **(self.front.stealer.statistics() if self.front.stealer else {})}
                 if self.federation
@@ -186,12 +186,12 @@ class Node:
             ),
         }
 
-    def _gossip_statistics(self) -> dict[str, int]:
-        """This node's gossip counters since it started (the member table has the states)."""
+    def _gossip_statistics(self) -> dict[str, Any]:
+        """``states``: members by state (this node included); ``gossip``: its counters since
+        it started."""
         assert self.federation is not None
         counts = dataclasses.asdict(self.federation.statistics())
-        del counts["members"]
-        return counts
+        return {"states": counts.pop("members"), "gossip": counts}
 
     def capacity(self) -> dict[str, Any]:
         """What federation peers are told about this node."""

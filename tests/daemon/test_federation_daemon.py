@@ -161,7 +161,9 @@ async def test_status_and_metrics_show_gossip_counters_and_members_by_state(tmp_
     front = cluster[0][0]
     async with httpx.AsyncClient(base_url=front.urls[0], headers=auth_headers("fedtok")) as http:
         await trio.sleep(0.5)  # a few rounds at 0.1 s
-        gossip = (await http.get("/v1/status")).json()["federation"]["gossip"]
+        fed = (await http.get("/v1/status")).json()["federation"]
+        assert fed["states"] == {"alive": 3, "suspect": 0, "dead": 0, "left": 0}
+        gossip = fed["gossip"]
         assert set(gossip) == {"rounds", "exchanges", "answered", "failures", "auth_failures", "refutations"}
         assert gossip["rounds"] >= 3 and gossip["exchanges"] >= 1 and gossip["answered"] >= 1
         assert gossip["auth_failures"] == 0
