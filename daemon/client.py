@@ -21,6 +21,8 @@ from typing import Any, Self
 import httpx
 
 from rolloutd.daemon.errors import DaemonError
+from rolloutd.daemon.streams import PATH as STREAM_PATH
+from rolloutd.daemon.streams import stream_chunks, stream_request
 from rolloutd.daemon.trajectory import Trajectory
 
 DEFAULT_URL = "http://127.0.0.1:8321"
@@ -184,17 +186,19 @@ class Client:
         return dict(self._call("GET", "/v1/status"))
 
     def stream(self, ids: Sequence[str]) -> Iterator[Trajectory]:
-        """Trajectories as they finish."""
-        try:
-            with self._http.stream("GET", "/v1/rollouts/stream", params={"ids": ",".join(ids)}) as resp:
-                if not resp.is_success:
-                    resp.read()
-                    _check(resp)
-                for line in resp.iter_lines():
-                    if line.strip():
-                        yield Trajectory.model_validate(json.loads(line))
-        except httpx.HTTPError as exc:
-            raise _unreachable(exc) from exc
+        """Trajectories as they finish (past MAX_STREAM_IDS, one stream after another)."""
+        for chunk in stream_chunks(ids):
+            method, request = stream_request(chunk)
+            try:
+                with self._http.stream(method, STREAM_PATH, **request) as resp:
+                    if not resp.is_success:
+                        resp.read()
+                        _check(resp)
+                    for line in resp.iter_lines():
+                        if line.strip():
+                            yield Trajectory.model_validate(json.loads(line))
+            except httpx.HTTPError as exc:
+                raise _unreachable(exc) from exc
 
     def wait(self, ids: Sequence[str]) -> list[Trajectory]:
         """Every trajectory, in the order of ``ids``."""
@@ -344,20 +348,21 @@ class AsyncClient:
         return dict(await self._call("GET", "/v1/status"))
 
     async def stream(self, ids: Sequence[str]) -> AsyncIterator[Trajectory]:
-        try:
-            async with self._http.stream(
-                "GET", "/v1/rollouts/stream", params={"ids": ",".join(ids)}
-            ) as resp:
-                if not resp.is_success:
-                    await resp.aread()
-                    _check(resp)
-                # typed AsyncIterator by httpx, an async generator at run time: close it
-                async with aclosing(resp.aiter_lines()) as lines:  # type: ignore[type-var]
-                    async for line in lines:
-                        if line.strip():
-                            yield Trajectory.model_validate(json.loads(line))
-        except httpx.HTTPError as exc:
-            raise _unreachable(exc) from exc
+        """Trajectories as they finish (past MAX_STREAM_IDS, one stream after another)."""
+        for chunk in stream_chunks(ids):
+            method, request = stream_request(chunk)
+            try:
+                async with self._http.stream(method, STREAM_PATH, **request) as resp:
+                    if not resp.is_success:
+                        await resp.aread()
+                        _check(resp)
+                    # typed AsyncIterator by httpx, an async generator at run time: close it
+                    async with aclosing(resp.aiter_lines()) as lines:  # type: ignore[type-var]
+                        async for line in lines:
+                            if line.strip():
+                                yield Trajectory.model_validate(json.loads(line))
+            except httpx.HTTPError as exc:
+                raise _unreachable(exc) from exc
 
     async def wait(self, ids: Sequence[str]) -> list[Trajectory]:
         done = {t.id: t async for t in self.stream(ids)}

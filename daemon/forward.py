@@ -22,6 +22,8 @@ import trio
 
 from rolloutd.daemon.errors import DaemonError
 from rolloutd.daemon.jobs import MAX_FILTER_IDS, new_id
+from rolloutd.daemon.streams import PATH as STREAM_PATH
+from rolloutd.daemon.streams import stream_request
 from rolloutd.daemon.trajectory import ErrorInfo, Status, Trajectory
 from rolloutd.federation import (
     Federation,
@@ -397,8 +399,8 @@ class Forwarder:
 
     async def _stream(self, node_id: str, todo: list[str], send: trio.MemorySendChannel[str]) -> None:
         member = self._member(node_id)
-        params = {"ids": ",".join(todo)}
-        async with self._client().stream("GET", f"{member.url}/v1/rollouts/stream", params=params) as resp:
+        method, request = stream_request(todo)  # POSTed past a few hundred: a URL holds no more
+        async with self._client().stream(method, member.url + STREAM_PATH, **request) as resp:
             async for line in resp.aiter_lines():
                 if line.strip():
                     job_id = line_id(line)

@@ -3,6 +3,7 @@
     POST   /v1/rollouts                 submit one task x n samples; 202 with ids (200 if wait)
     GET    /v1/rollouts                 list the rollouts this daemon holds (filters, pages)
     GET    /v1/rollouts/stream?ids=...  NDJSON, one trajectory per line as each finishes
+    POST   /v1/rollouts/stream          the same, the ids in a JSON body (more than a URL holds)
     GET    /v1/rollouts/{id}            the trajectory so far
     DELETE /v1/rollouts/{id}            cancel; 202 while it stops, 200 if it had ended
     GET    /v1/rollouts/{id}/tokens     the text of each token (the served tokenizer's)
@@ -38,9 +39,9 @@ from rolloutd.daemon.forward import PeerAnswer
 from rolloutd.daemon.front import Cancelled
 from rolloutd.daemon.jobs import RolloutFilter, RolloutSummary
 from rolloutd.daemon.service import RolloutRequest, Submitted
+from rolloutd.daemon.streams import MAX_STREAM_IDS
 from rolloutd.daemon.trajectory import Trajectory
 
-MAX_STREAM_IDS = 10_000
 #: Rollouts per page of ``GET /v1/rollouts`` (default and most).
 LIST_LIMIT = 50
 MAX_LIST_LIMIT = 500
@@ -121,6 +122,13 @@ class StreamQuery(BaseModel):
     ids: str = Field(pattern=r"[^,]", description="Rollout ids, comma-separated.")
 
 
+class StreamRequest(BaseModel):
+    """The body of ``POST /v1/rollouts/stream``."""
+
+    ids: list[str] = Field(min_length=1, max_length=MAX_STREAM_IDS,
+                           description=f"Rollout ids (at most {MAX_STREAM_IDS}); a repeated id counts once.")
+
+
 class RolloutId(IdConverter):
     reserved = ("stream",)
 
@@ -171,8 +179,24 @@ def register(app: QuartTrio, rollouts: Rollouts, *, max_timeout_s: float) -> Non
     @document_response(TrajectoryLines, 200)
     @errors(400, 404, 503)
     async def stream() -> Any:
-        """NDJSON: one trajectory per line, in the order they finish. `ids` is comma-separated."""
-        ids = list(dict.fromkeys(i for i in query(StreamQuery).ids.split(",") if i))
+        """NDJSON: one trajectory per line, in the order they finish. `ids` is comma-separated;
+        for more than a URL holds (a few hundred), POST them."""
+        return await stream_of(query(StreamQuery).ids.split(","))
+
+    @app.post("/v1/rollouts/stream")
+    @document_request(StreamRequest)
+    @document_response(TrajectoryLines, 200)
+    @errors(*BODY_ERRORS, 404, 503)
+    async def stream_posted() -> Any:
+        """NDJSON, as `GET /v1/rollouts/stream`, for ids given in the body: a batch of thousands
+        of rollouts does not fit in a URL (proxies refuse request lines over 8 kB, httpx URLs over
+        64 kB)."""
+        return await stream_of(parse(StreamRequest, await json_body()).ids)
+
+    async def stream_of(given: list[str]) -> Any:
+        ids = list(dict.fromkeys(i for i in given if i))
+        if not ids:
+            raise BadRequest("no rollout ids")
         if len(ids) > MAX_STREAM_IDS:
             raise BadRequest(f"at most {MAX_STREAM_IDS} ids per stream")
         recv = await rollouts.open_stream(ids)

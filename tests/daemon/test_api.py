@@ -62,6 +62,26 @@ async def test_stream_ndjson(asgi):
         assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
 
 
+async def test_stream_posted_ids(asgi):
+    """POST /v1/rollouts/stream: the ids in a JSON body, for more than a URL holds."""
+    from rolloutd.daemon.streams import MAX_STREAM_IDS
+
+    client, node = await asgi()
+    async with client:
+        ids = (await client.post("/v1/rollouts", json={"task": sleep_task(run_s=0.05), "n": 3})).json()["ids"]
+        r = await client.post("/v1/rollouts/stream", json={"ids": [*ids, ids[1]]})
+        assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
+        assert sorted(json.loads(x)["id"] for x in r.text.splitlines()) == sorted(ids)
+        r = await client.post("/v1/rollouts/stream", json={"ids": [ids[0], "nope"]})
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
+        for body in ({"ids": []}, {"ids": [""]}, {"ids": "a,b"}, {"ids": [1]}, {},
+                     {"ids": ids * (MAX_STREAM_IDS // 3 + 1)}):
+            r = await client.post("/v1/rollouts/stream", json=body)
+            assert r.status_code in (400, 422) and r.json()["error"]["message"], (body, r.text)
+        r = await client.post("/v1/rollouts/stream", content=b"{not json", headers={"content-type": "application/json"})
+        assert r.status_code == 400
+
+
 async def test_cancel_route(asgi):
     client, node = await asgi()
     async with client:

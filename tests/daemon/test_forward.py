@@ -8,7 +8,7 @@ import json
 import pytest
 import trio
 
-from rolloutd.daemon.forward import Forwarder, PeerUnavailable
+from rolloutd.daemon.forward import Forwarder, PeerUnavailable, line_id
 from rolloutd.federation import Capacity, Federation, Member, MemberState
 
 BODY = {"task": {"kind": "sleep", "run_s": 1}, "n": 2}
@@ -417,3 +417,26 @@ def test_a_relayed_line_s_id_is_read_without_parsing_the_trajectory():
         line_id('{"id":7}')
     with pytest.raises(ValueError):
         line_id("not json")
+
+
+async def test_a_relay_of_more_ids_than_a_url_holds_posts_them(nursery):
+    """A client's stream of a big batch: the front relays each peer's share in one stream,
+    its ids in the body of a POST past GET_STREAM_IDS (a GET of 3,400 ids or more raised
+    httpx's InvalidURL in the relay)."""
+    from rolloutd.daemon.streams import GET_STREAM_IDS
+
+    fwd = await forwarder(nursery)
+    ids = [f"r-{i:016x}" for i in range(GET_STREAM_IDS + 1)]
+    lines = b"".join(b'{"id":"%s","status":"completed"}\n' % i.encode() for i in ids)
+    peer = Peer("answer", 200, lines)
+    await nursery.start(peer.serve)
+    meet(fwd, peer)
+    for job_id in ids:
+        fwd.live.add(job_id, "peer")
+        fwd.remember(job_id, "peer")
+    send, recv = trio.open_memory_channel[str](len(ids))
+    with trio.fail_after(10):
+        await fwd.relay("peer", ids, send)
+    got = [line_id(recv.receive_nowait()) for _ in ids]
+    assert sorted(got) == ids and len(fwd.live) == 0
+    assert [r.split(b" ")[:2] for r in peer.requests] == [[b"POST", b"/v1/rollouts/stream"]]

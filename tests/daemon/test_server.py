@@ -46,6 +46,39 @@ async def test_client_round_trip_over_http(served):
         assert err.value.status == 401
 
 
+async def test_the_clients_wait_on_more_ids_than_a_url_holds(nursery, tmp_path):
+    """A batch of thousands of rollouts: the ids went in the stream's URL, which httpx refuses
+    past 64 kB (about 3,400 ids: `InvalidURL`, no RolloutdError) and proxies past 8 kB. Past
+    GET_STREAM_IDS the clients POST them; past MAX_STREAM_IDS they stream in turns."""
+    from rolloutd.daemon.client import Client
+    from rolloutd.daemon.streams import GET_STREAM_IDS, MAX_STREAM_IDS
+
+    node = Node(make_settings(tmp_path, token="tok", queue_size=1024, n_init=4, n_run=8, n_eval=4),
+                services=Services())
+    await nursery.start(node.run)
+    async with AsyncClient(node.urls[0], token="tok") as c:
+        ids = []
+        while len(ids) <= GET_STREAM_IDS + 40:
+            ids += (await c.submit(sleep_task(run_s=0), n=16)).ids
+        trajs = await c.wait([*ids, ids[0]])  # a repeated id is one rollout
+        assert [t.id for t in trajs] == [*ids, ids[0]]
+        assert {t.status.value for t in trajs} == {"completed"}
+        unknown = [f"r-{i:016x}" for i in range(MAX_STREAM_IDS + 1)]
+        with pytest.raises(RolloutdError) as err:
+            await c.wait(unknown)
+        assert err.value.status == 404 and err.value.type == "not_found"
+
+    def blocking() -> None:
+        with Client(node.urls[0], token="tok") as sync:
+            assert [t.id for t in sync.wait(ids)] == ids
+            with pytest.raises(RolloutdError) as err:
+                sync.wait(unknown[:5000])
+            assert err.value.status == 404
+
+    await trio.to_thread.run_sync(blocking)
+    node.request_stop()
+
+
 async def test_unreachable_daemon_is_a_clear_error():
     async with AsyncClient("http://127.0.0.1:9") as c:
         with pytest.raises(RolloutdError) as err:
