@@ -69,6 +69,12 @@ CANCEL_GRACE_S = 10.0
 #: trickles its headers (tests/hostile/test_api_abuse.py). No read timeout: a ``wait=true``
 #: request or a stream legitimately sends nothing for as long as its rollouts take.
 KEEP_ALIVE_TIMEOUT_S = 75.0
+#: The most bytes hypercorn (h11) buffers of a request's head that has not all arrived: a
+#: forwarded group's ids (``X-Rolloutd-Ids``, up to MAX_FORWARDED_IDS of 18 characters) and a
+#: stream's ids in its URL (up to MAX_STREAM_IDS) take 190 kB. At h11's 16 KiB, a head of
+#: more than about 850 ids that came in several reads (any real network) was cut off with no
+#: answer, so a forwarded group of 1,000 was lost.
+MAX_REQUEST_HEAD_BYTES = 200 * 1024
 
 
 class Node:
@@ -288,6 +294,7 @@ class Node:
         config.errorlog = logging.getLogger("hypercorn.error")
         config.graceful_timeout = 2.0
         config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_S
+        config.h11_max_incomplete_size = MAX_REQUEST_HEAD_BYTES
         app = create_app(self)
         try:
             await serve(app, config, shutdown_trigger=shutdown, task_status=task_status)  # type: ignore[arg-type]

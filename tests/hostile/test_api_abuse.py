@@ -75,8 +75,9 @@ async def test_slowloris_does_not_block_others_and_is_cut_off(tmp_path, monkeypa
 
 @pytest.mark.parametrize("size", [256 * 1024, 4 * 1024 * 1024])
 async def test_huge_headers_are_refused(tmp_path, size: int) -> None:
-    """A header block far past h11's bound on an incomplete event (16 KiB, checked per read
-    of up to 64 KiB) is an error answer or a closed connection, never an unbounded buffer."""
+    """A header block past the bound on an incomplete request head (MAX_REQUEST_HEAD_BYTES,
+    200 KiB, checked per read of up to 64 KiB) is an error answer or a closed connection, never
+    an unbounded buffer."""
     node = Node(make_settings(tmp_path), services=Services())
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run)
@@ -97,4 +98,42 @@ async def test_huge_headers_are_refused(tmp_path, size: int) -> None:
         assert not answer.startswith(b"HTTP/1.1 200"), answer[:200]
         async with httpx.AsyncClient(base_url=node.urls[0]) as h:
             assert (await h.get("/healthz")).status_code == 200
+        node.request_stop()
+
+
+async def test_a_long_head_that_comes_in_pieces_is_read_whole(tmp_path) -> None:
+    """A forwarded group of 1,000 carries its ids in a 19 kB header, and a stream's URL can
+    hold as many. Sent in network-sized pieces, such a head outgrew h11's 16 KiB buffer before
+    it was complete and the server closed the connection without an answer (a loopback client
+    that sends it in one write never saw it): the front then counted the group as lost."""
+    from rolloutd.federation import forward_headers, ids_headers
+
+    node = Node(make_settings(tmp_path, token="tok", queue_size=2048), services=Services())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(node.run)
+        host, port = node.urls[0].removeprefix("http://").split(":")
+        ids = [f"r-{i:016x}" for i in range(1000)]
+        body = b'{"task": {"kind": "sleep", "run_s": 0}, "n": 1000}'
+        headers = {**forward_headers("tok"), **ids_headers(ids, "front"), "Host": "x",
+                   "Content-Type": "application/json", "Content-Length": str(len(body)),
+                   "Connection": "close"}
+        stream_url = "/v1/rollouts/stream?ids=" + ",".join(f"r-{i:016x}" for i in range(5000, 6000))
+        for head in ("POST /v1/rollouts HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()),
+                     f"GET {stream_url} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok\r\nConnection: close\r\n"):
+            request = head.encode() + b"\r\n" + (body if head.startswith("POST") else b"")
+            assert len(request) > 16 * 1024
+            stream = await trio.open_tcp_stream(host, int(port))
+            async with stream:
+                for i in range(0, len(request), 1400):  # one Ethernet segment's worth at a time
+                    await stream.send_all(request[i:i + 1400])
+                    await trio.sleep(0.002)
+                with trio.fail_after(10):
+                    answer = await stream.receive_some(4096)
+            if head.startswith("POST"):
+                assert answer.startswith(b"HTTP/1.1 202"), answer[:300]
+            else:  # heard whole: none of these ids is known here
+                assert answer.startswith(b"HTTP/1.1 404"), answer[:300]
+        with trio.fail_after(30):
+            while node.service.store.get(ids[-1]) is None or not node.service.store.get(ids[-1]).done.is_set():
+                await trio.sleep(0.05)
         node.request_stop()
