@@ -189,16 +189,21 @@ class Client:
         """Trajectories as they finish (past MAX_STREAM_IDS, one stream after another)."""
         for chunk in stream_chunks(ids):
             method, request = stream_request(chunk)
-            try:
-                with self._http.stream(method, STREAM_PATH, **request) as resp:
-                    if not resp.is_success:
-                        resp.read()
-                        _check(resp)
-                    for line in resp.iter_lines():
-                        if line.strip():
-                            yield Trajectory.model_validate(json.loads(line))
-            except httpx.HTTPError as exc:
-                raise _unreachable(exc) from exc
+            for line in self._lines(method, STREAM_PATH, **request):
+                yield Trajectory.model_validate(json.loads(line))
+
+    def _lines(self, method: str, url: str, **request: Any) -> Iterator[str]:
+        """The lines of an NDJSON answer (RolloutdError for an error answer)."""
+        try:
+            with self._http.stream(method, url, **request) as resp:
+                if not resp.is_success:
+                    resp.read()
+                    _check(resp)
+                for line in resp.iter_lines():
+                    if line.strip():
+                        yield line
+        except httpx.HTTPError as exc:
+            raise _unreachable(exc) from exc
 
     def wait(self, ids: Sequence[str]) -> list[Trajectory]:
         """Every trajectory, in the order of ``ids``."""
@@ -242,16 +247,8 @@ class Client:
     ) -> Iterator[BatchGroup]:
         """Kept groups as they are kept, until the batch ends. ``prompts`` (the batch's) fill in
         the task of a group whose task the daemon released (the batch had ended)."""
-        try:
-            with self._http.stream("GET", f"/v1/batches/{batch_id}/groups", params={"start": start}) as resp:
-                if not resp.is_success:
-                    resp.read()
-                    _check(resp)
-                for line in resp.iter_lines():
-                    if line.strip():
-                        yield _batch_group(line, prompts)
-        except httpx.HTTPError as exc:
-            raise _unreachable(exc) from exc
+        for line in self._lines("GET", f"/v1/batches/{batch_id}/groups", params={"start": start}):
+            yield _batch_group(line, prompts)
 
     def import_image(
         self, source: str, *, name: str | None = None,
@@ -351,18 +348,24 @@ class AsyncClient:
         """Trajectories as they finish (past MAX_STREAM_IDS, one stream after another)."""
         for chunk in stream_chunks(ids):
             method, request = stream_request(chunk)
-            try:
-                async with self._http.stream(method, STREAM_PATH, **request) as resp:
-                    if not resp.is_success:
-                        await resp.aread()
-                        _check(resp)
-                    # typed AsyncIterator by httpx, an async generator at run time: close it
-                    async with aclosing(resp.aiter_lines()) as lines:  # type: ignore[type-var]
-                        async for line in lines:
-                            if line.strip():
-                                yield Trajectory.model_validate(json.loads(line))
-            except httpx.HTTPError as exc:
-                raise _unreachable(exc) from exc
+            async with aclosing(self._lines(method, STREAM_PATH, **request)) as lines:
+                async for line in lines:
+                    yield Trajectory.model_validate(json.loads(line))
+
+    async def _lines(self, method: str, url: str, **request: Any) -> AsyncGenerator[str]:
+        """The lines of an NDJSON answer (RolloutdError for an error answer)."""
+        try:
+            async with self._http.stream(method, url, **request) as resp:
+                if not resp.is_success:
+                    await resp.aread()
+                    _check(resp)
+                # typed AsyncIterator by httpx, an async generator at run time: close it
+                async with aclosing(resp.aiter_lines()) as lines:  # type: ignore[type-var]
+                    async for line in lines:
+                        if line.strip():
+                            yield line
+        except httpx.HTTPError as exc:
+            raise _unreachable(exc) from exc
 
     async def wait(self, ids: Sequence[str]) -> list[Trajectory]:
         done = {t.id: t async for t in self.stream(ids)}
@@ -411,20 +414,9 @@ class AsyncClient:
     async def batch_groups(
         self, batch_id: str, *, start: int = 0, prompts: Sequence[Mapping[str, Any]] | None = None
     ) -> AsyncGenerator[BatchGroup]:
-        try:
-            async with self._http.stream(
-                "GET", f"/v1/batches/{batch_id}/groups", params={"start": start}
-            ) as resp:
-                if not resp.is_success:
-                    await resp.aread()
-                    _check(resp)
-                # typed AsyncIterator by httpx, an async generator at run time: close it
-                async with aclosing(resp.aiter_lines()) as lines:  # type: ignore[type-var]
-                    async for line in lines:
-                        if line.strip():
-                            yield _batch_group(line, prompts)
-        except httpx.HTTPError as exc:
-            raise _unreachable(exc) from exc
+        async with aclosing(self._lines("GET", f"/v1/batches/{batch_id}/groups", params={"start": start})) as lines:
+            async for line in lines:
+                yield _batch_group(line, prompts)
 
     async def sample_batch(
         self, prompts: Sequence[Mapping[str, Any]], *, group_size: int, keep: int, **options: Any
