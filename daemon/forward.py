@@ -320,8 +320,12 @@ class Forwarder:
         intervals (at most ``SWEEP_MAX_S``), a sweep asks the peer which of them it shows
         finished (``_unsettled``) and looks those up one by one, paced per peer
         (``SWEEP_RATE``), so a result the stream misses (a relay chain through a peer that
-        handed the rollout on) still arrives. Once the stream breaks off, they are looked up
-        every ``POLL_INTERVAL_S`` until each is finished or declared lost."""
+        handed the rollout on) still arrives. Once the stream breaks off, every
+        ``POLL_INTERVAL_S`` those declared lost are delivered, and the peer's listing is asked
+        which of the others it shows finished (up to PROBE_MAX, looked up unpaced): one
+        request a second however many are left, where each of them was looked up before (a
+        network blip under a batch of thousands made thousands of lookups a second, each
+        answered with a trajectory so far)."""
         todo = list(ids)
         gone = False
         broke = trio.Event()
@@ -351,8 +355,15 @@ class Forwarder:
                     with trio.move_on_after(interval):
                         await broke.wait()
                     interval = min(2 * interval, SWEEP_MAX_S)
-                # While the stream is open, a paced sweep of those the peer shows finished.
-                for job_id in list(todo) if broke.is_set() else await self._unsettled(node_id, todo):
+                # Those the peer shows finished: while the stream is open a paced sweep of a
+                # few; once it broke, every one (and those declared lost, without asking).
+                if broke.is_set():
+                    due = [i for i in todo if i in self._lost]
+                    due += await self._unsettled(node_id, [i for i in todo if i not in self._lost],
+                                                 most=PROBE_MAX)
+                else:
+                    due = await self._unsettled(node_id, todo)
+                for job_id in due:
                     if not broke.is_set():
                         await self._sweep_turn(node_id)
                     if job_id not in todo:  # the stream delivered it meanwhile
@@ -371,11 +382,13 @@ class Forwarder:
                             break
             nursery.cancel_scope.cancel()
 
-    async def _unsettled(self, node_id: str, todo: list[str]) -> list[str]:
+    async def _unsettled(self, node_id: str, todo: list[str], *, most: int = SWEEP_MAX) -> list[str]:
         """Of ``todo`` (ids of rollouts on ``node_id`` not yet relayed), those worth a lookup:
         the ones the peer's listing shows finished, or does not hold (handed on, expired into
-        its journal, or never taken: the lookup tells), at most SWEEP_MAX. Without an answer
-        from the listing (an older peer, an error), the SWEEP_MAX that waited longest."""
+        its journal, or never taken: the lookup tells), at most ``most``. Without an answer
+        from the listing (an older peer, an error), the ``most`` that waited longest."""
+        if not todo:
+            return []
         asked = todo[:PROBE_MAX]
         await self._sweep_turn(node_id)
         try:
@@ -386,9 +399,9 @@ class Forwarder:
             resp.raise_for_status()
             held = {row["id"]: row["status"] for row in resp.json()["rollouts"]}
         except (httpx.HTTPError, PeerUnavailable, ValueError, KeyError, TypeError):
-            return todo[:SWEEP_MAX]
+            return todo[:most]
         return [job_id for job_id in asked
-                if job_id not in held or _finished(held[job_id])][:SWEEP_MAX]
+                if job_id not in held or _finished(held[job_id])][:most]
 
     async def _sweep_turn(self, node_id: str) -> None:
         """Wait for the next of ``SWEEP_RATE`` sweep lookups a second to ``node_id``."""

@@ -440,3 +440,32 @@ async def test_a_relay_of_more_ids_than_a_url_holds_posts_them(nursery):
     got = [line_id(recv.receive_nowait()) for _ in ids]
     assert sorted(got) == ids and len(fwd.live) == 0
     assert [r.split(b" ")[:2] for r in peer.requests] == [[b"POST", b"/v1/rollouts/stream"]]
+
+
+async def test_a_broken_stream_asks_the_listing_not_every_rollout(nursery, monkeypatch):
+    """Once a peer's stream broke (a network blip), the relay looked up every undelivered id
+    every POLL_INTERVAL_S: thousands of lookups a second under a big batch, each answered with
+    a trajectory so far. Now one listing a poll, and lookups only of what it shows finished."""
+    from rolloutd.daemon import forward
+
+    monkeypatch.setattr(forward, "POLL_INTERVAL_S", 0.2)
+    fwd, peer = await forwarded(nursery)
+    for _ in range(19):
+        await fwd.submit(peer.member, BODY, 2, wait=False)
+    ids = fwd.live.jobs_on("peer")
+    assert len(ids) == 40
+    done = ids[7]
+    # the stream's answer is no trajectory line: the relay's stream breaks at once
+    peer.listing = (200, {"rollouts": [{"id": i, "status": "completed" if i == done else "run"}
+                                       for i in ids], "total": len(ids)})
+    peer.status, peer.body = 200, {"id": "r-none", "status": "run"}  # every lookup's answer
+    before = len(peer.requests)
+    send, recv = trio.open_memory_channel[str](len(ids))
+    with recv:
+        with trio.move_on_after(1.1):  # five polls
+            await fwd.relay("peer", ids, send)
+    asked = [r.split(b" ")[1] for r in peer.requests[before:]]
+    found = [a for a in asked if a.startswith(b"/v1/rollouts/r-")]
+    listings = [a for a in asked if a.startswith(b"/v1/rollouts?")]
+    assert 3 <= len(listings) <= 6, asked
+    assert set(found) == {f"/v1/rollouts/{done}".encode()} and len(found) <= len(listings), asked
