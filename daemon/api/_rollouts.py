@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator, Mapping
-from typing import Any, ClassVar, Protocol
+from typing import Annotated, Any, ClassVar, Protocol
 
 import trio
 from pydantic import BaseModel, Field
@@ -125,8 +125,9 @@ class StreamQuery(BaseModel):
 class StreamRequest(BaseModel):
     """The body of ``POST /v1/rollouts/stream``."""
 
-    ids: list[str] = Field(min_length=1, max_length=MAX_STREAM_IDS,
-                           description=f"Rollout ids (at most {MAX_STREAM_IDS}); a repeated id counts once.")
+    ids: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        min_length=1, max_length=MAX_STREAM_IDS,
+        description=f"Rollout ids (at most {MAX_STREAM_IDS}); a repeated id counts once.")
 
 
 class RolloutId(IdConverter):
