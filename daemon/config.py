@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from rolloutd.daemon.errors import DaemonError
-from rolloutd.federation import FederationSettingError, GossipSettings
+from rolloutd.federation import MAX_FORWARDED_IDS, FederationSettingError, GossipSettings
 
 ENV_PREFIX = "ROLLOUTD_"
 
@@ -72,7 +72,8 @@ class Settings(BaseModel):
     queue_size: int = Field(4096, ge=1)
     default_timeout_s: float = Field(600.0, gt=0)
     max_timeout_s: float = Field(24 * 3600.0, gt=0)
-    max_samples_per_request: int = Field(1024, ge=1)
+    # a group goes to one peer whole, its ids in one header: at most MAX_FORWARDED_IDS
+    max_samples_per_request: int = Field(1024, ge=1, le=MAX_FORWARDED_IDS)
 
     # --- results ---
     result_ttl_s: float = Field(3600.0, gt=0)

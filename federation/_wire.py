@@ -21,6 +21,8 @@ IDS_HEADER: Final = "X-Rolloutd-Ids"
 """On a forwarded rollout: the ids its samples get (comma-separated), chosen by the sender, so
 that it can answer for them whatever becomes of the request (the peer honours them)."""
 MAX_FORWARDED_IDS: Final = 10_000
+"""The most ids one forwarded request may carry in ``IDS_HEADER``: the largest group a daemon
+of a federation can hand to a peer (``max_samples_per_request`` is capped at it)."""
 ORIGIN_HEADER: Final = "X-Rolloutd-Origin"
 """On a forwarded rollout: the node id of the member that forwarded it (it never takes the
 rollout back by work stealing: it would then relay it from the peer that relays it from it)."""

@@ -180,3 +180,15 @@ def test_sandbox_tmpfs_size_is_a_setting_below_half_the_memory_limit(tmp_path: P
     # a task that names its own memory limit gets /tmp sized from it, not the daemon's size
     assert pipeline.complete_spec(SandboxSpec(memory_mb=256), lifetime_s=60).tmpfs_mb is None
     assert pipeline.complete_spec(SandboxSpec(tmpfs_mb=8), lifetime_s=60).tmpfs_mb == 8
+
+
+def test_max_samples_per_request_stops_at_what_one_forwarded_request_carries():
+    """A group goes to one peer whole, its ids in one header that a peer takes up to
+    MAX_FORWARDED_IDS of: a larger setting would give groups a peer refuses, so it is a
+    clear error at load, naming the setting (it used to load and fail at forwarding)."""
+    from rolloutd.federation import MAX_FORWARDED_IDS
+
+    assert load_settings(environ={"ROLLOUTD_MAX_SAMPLES_PER_REQUEST": str(MAX_FORWARDED_IDS)}) \
+        .max_samples_per_request == MAX_FORWARDED_IDS
+    with pytest.raises(ConfigError, match=r"max_samples_per_request \(from .*\).*10000"):
+        load_settings(environ={"ROLLOUTD_MAX_SAMPLES_PER_REQUEST": str(MAX_FORWARDED_IDS + 1)})
