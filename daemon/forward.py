@@ -127,9 +127,10 @@ class Forwarder:
 
     # ---- placement and submit -------------------------------------------------------
 
-    def place(self, n: int = 1) -> Member | None:
-        """The peer to forward a new request of ``n`` samples to, or None to run it here."""
-        return self.federation.place(n=n)
+    def place(self, n: int = 1, image: str | None = None) -> Member | None:
+        """The peer to forward a new request of ``n`` samples (of a task with ``image``) to,
+        or None to run it here."""
+        return self.federation.place(n=n, image=image)
 
     async def submit(self, member: Member, body: dict[str, Any], n: int, *, wait: bool) -> PeerAnswer:
         """Forward one POST /v1/rollouts of ``n`` samples (to the peer place() chose); returns

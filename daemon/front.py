@@ -20,6 +20,7 @@ import trio
 from rolloutd.daemon.batch import Batch, BatchRequest
 from rolloutd.daemon.errors import BadRequest, NotFound, ServiceUnavailable
 from rolloutd.daemon.forward import Forwarder, PeerAnswer, PeerTrajectory, PeerUnavailable
+from rolloutd.daemon.images import task_images
 from rolloutd.daemon.jobs import Job, RolloutFilter
 from rolloutd.daemon.journal import Journal, JournalError
 from rolloutd.daemon.sampling import Sampler
@@ -108,7 +109,7 @@ class Front:
     ) -> Submitted | PeerAnswer:
         """A client's submit (``req`` is ``body`` parsed): forwarded to a peer when placement
         says so (the peer's answer), else accepted here; with ``wait``, once every sample ended."""
-        forwarded = await self._maybe_forward(body, req.n, wait=wait, headers=headers)
+        forwarded = await self._maybe_forward(body, req, wait=wait, headers=headers)
         if forwarded is not None:
             return forwarded
         ids = origin = None
@@ -135,15 +136,16 @@ class Front:
         return took_at_headers(self.federation.version)
 
     async def _maybe_forward(
-        self, body: dict[str, Any], n: int, *, wait: bool, headers: Mapping[str, str]
+        self, body: dict[str, Any], req: RolloutRequest, *, wait: bool, headers: Mapping[str, str]
     ) -> PeerAnswer | None:
         if self.forwarder is None or self.service.draining or is_forwarded(headers):
             return None
-        member = self.forwarder.place(n)
+        image = next(iter(task_images([req.task])), None)
+        member = self.forwarder.place(req.n, image)
         if member is None:
             return None
         try:
-            return await self.forwarder.submit(member, body, n, wait=wait)
+            return await self.forwarder.submit(member, body, req.n, wait=wait)
         except PeerUnavailable as exc:  # it provably never took them
             log.warning("forwarding to %s failed (%s); running here", member.node_id, exc)
             return None

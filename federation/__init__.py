@@ -17,7 +17,7 @@ from ._exceptions import (
 from ._federation import Federation, FederationStatistics, MemberCallback
 from ._forwarded import ForwardedJobs
 from ._member import Member, MemberState
-from ._placement import Placement
+from ._placement import IMAGE_HOMES, Placement, image_homes
 from ._render import render_members
 from ._settings import GossipSettings
 from ._slurm import slurm_seeds
@@ -48,6 +48,7 @@ __all__ = [
     "FORWARDED_VALUE",
     "GOSSIP_PATH",
     "IDS_HEADER",
+    "IMAGE_HOMES",
     "MAX_FORWARDED_IDS",
     "MEMBERS_PATH",
     "ORIGIN_HEADER",
@@ -75,6 +76,7 @@ __all__ = [
     "forwarded_ids",
     "forwarded_origin",
     "ids_headers",
+    "image_homes",
     "is_forwarded",
     "render_members",
     "slurm_seeds",

@@ -195,11 +195,13 @@ class Federation:
 
     # ---- placement -----------------------------------------------------------------------
 
-    def place(self, local: Capacity | None = None, *, n: int = 1) -> Member | None:
+    def place(self, local: Capacity | None = None, *, n: int = 1,
+              image: str | None = None) -> Member | None:
         """Where a new rollout submitted here should run: None = here, else a copy of the peer.
 
         `local` is this node's capacity now (default: ask the capacity callback); `n`, the
-        request's samples. Power of two choices over the peers' headroom (see Placement).
+        request's samples; `image`, its task's image ref (its homes come first). Power of
+        two choices over the peers' headroom (see Placement).
         The chosen peer's headroom is debited by `n` until a capacity report of it counts
         them (see forwarded()), so a burst spreads out instead of piling on the peer that
         looked emptiest. Never call it for a request that carries
@@ -207,7 +209,8 @@ class Federation:
         """
         self._detect(trio.current_time())
         here = check_capacity(self._capacity() if local is None else local)
-        chosen = self._placement.choose(here, list(self._peers.values()))
+        chosen = self._placement.choose(here, list(self._peers.values()), image=image,
+                                        local_id=self.node_id)
         if chosen is None:
             return None
         chosen.in_flight += n

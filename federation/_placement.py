@@ -1,9 +1,11 @@
-"""Where a new rollout runs: here, or on the peer that would finish it first (two choices)."""
+"""Where a new rollout runs: here, or on the peer that would finish it first (two choices);
+a task with an image goes first to that image's homes."""
 
 from __future__ import annotations
 
+import hashlib
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from ._member import Member
 from ._wire import Capacity, finish_s, headroom
@@ -13,6 +15,20 @@ from ._wire import Capacity, finish_s, headroom
 #: burst (their speed while full varies with the shared VM), and sharing work by that noise
 #: spread a burst unevenly (13-18 rollouts a daemon against 14-17).
 SPEEDS_DIFFER = 1.25
+#: How many members are an image's homes: where the rollouts of tasks with that image go
+#: first, while a home has room, so that a federation unpacks (and caches) each image on a
+#: few nodes instead of every one. Two, so that one busy home does not send it elsewhere.
+IMAGE_HOMES = 2
+
+
+def image_homes(image: str, node_ids: Iterable[str], k: int = IMAGE_HOMES) -> list[str]:
+    """The ``k`` of ``node_ids`` that are ``image``'s homes, best first: rendezvous (highest
+    random weight) hashing. Every front that knows the same members picks the same homes,
+    and a member that joins or leaves moves only the images it is or was a home of."""
+    def weight(node_id: str) -> bytes:
+        return hashlib.blake2b(f"{image}\0{node_id}".encode(), digest_size=8).digest()
+
+    return sorted(set(node_ids), key=weight, reverse=True)[:k]
 
 
 def local_headroom(local: Capacity) -> int | None:
@@ -44,17 +60,34 @@ class Placement:
 
     Sampling two instead of scanning all peers keeps fronts that decide on the same stale
     gossip from all picking the same peer.
+
+    0. With ``image`` (the task's image ref), before all of that: the image's homes (see
+       ``image_homes``, among this node and the peers that accept work) come first. A home
+       with room takes it: this node when it is one, else the home peer with more headroom,
+       even when this node has room (a forward costs milliseconds; an image's first unpack
+       on one more node, seconds to minutes, and space in its cache). When no home has room,
+       rules 1-3 decide as for any task.
     """
 
     def __init__(self, *, rng: random.Random | None = None) -> None:
         self._rng = rng or random.Random()
 
-    def choose(self, local: Capacity, peers: Sequence[Member]) -> Member | None:
-        """The peer to forward to, or None to run locally."""
+    def choose(self, local: Capacity, peers: Sequence[Member], *, image: str | None = None,
+               local_id: str = "") -> Member | None:
+        """The peer to forward to, or None to run locally (``local_id``: this node's id, for
+        the homes of ``image``)."""
         here = local_headroom(local)
+        candidates = [m for m in peers if m.accepts_work]
+        if image:
+            ids = [m.node_id for m in candidates] + ([local_id] if here is not None else [])
+            homes = image_homes(image, ids)
+            if here is not None and here > 0 and local_id in homes:
+                return None
+            roomy = [m for m in candidates if m.node_id in homes and m.headroom > 0]
+            if roomy:
+                return max(roomy, key=lambda m: m.headroom)
         if here is not None and here > 0:
             return None
-        candidates = [m for m in peers if m.accepts_work]
         if not candidates:
             return None
         pair = self._rng.sample(candidates, min(2, len(candidates)))

@@ -14,7 +14,14 @@ from rolloutd.daemon.llm.pool import BackendPool, make_backend
 from rolloutd.daemon.node import Node
 from rolloutd.daemon.pipeline import Services
 from rolloutd.daemon.trajectory import Stage
-from rolloutd.federation import TOOK_AT_HEADER, auth_headers, forward_headers, ids_headers, took_at
+from rolloutd.federation import (
+    TOOK_AT_HEADER,
+    auth_headers,
+    forward_headers,
+    ids_headers,
+    image_homes,
+    took_at,
+)
 
 from .conftest import make_settings, sleep_task
 
@@ -29,14 +36,15 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-async def start_cluster(tmp_path, nursery, n: int = 3) -> list[tuple[Node, trio.CancelScope]]:
+async def start_cluster(tmp_path, nursery, n: int = 3, *,
+                        stealing: bool = True) -> list[tuple[Node, trio.CancelScope]]:
     ports = free_ports(n)
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     nodes = []
     for i, port in enumerate(ports):
         settings = make_settings(
             tmp_path / f"n{i}", port=port, node_id=f"node{i}", url=urls[i], seeds=urls, token="fedtok",
-            n_init=1, n_run=1, n_eval=1, gossip_interval_s=0.1, work_stealing=True,
+            n_init=1, n_run=1, n_eval=1, gossip_interval_s=0.1, work_stealing=stealing,
         )
         # Placement only sends work to peers with a healthy LLM backend: give each one.
         pool = BackendPool(health_interval_s=0.5)
@@ -438,5 +446,28 @@ async def test_a_peer_answers_a_forward_with_its_version_and_the_front_settles_e
         await c.wait(ids)
     assert front.forwarder is not None and front.forwarder.forwarded_total > 0
     assert [m.in_flight for m in front.federation.peers()] == [0, 0]  # every forward answered
+    for node, _ in cluster:
+        node.request_stop()
+
+
+async def test_a_tasks_image_sends_its_rollouts_to_the_images_homes(tmp_path, nursery):
+    """The front has room, but the task names an image whose homes are the two peers: the
+    rollouts go there (a forward, not an unpack on one more node); a task without an image
+    stays on the front while it has room. Stealing is off, so nothing moves afterwards.
+    (The image ref is never opened: a sleep task has no sandbox.)"""
+    cluster = await start_cluster(tmp_path, nursery, stealing=False)
+    front = cluster[0][0]
+    names = [node.node_id for node, _ in cluster]
+    image = next(f"oci:/images/task{i}:latest" for i in range(1000)
+                 if front.node_id not in image_homes(f"oci:/images/task{i}:latest", names))
+    async with AsyncClient(front.urls[0], token="fedtok") as c:
+        ids = []
+        for _ in range(4):
+            ids += (await c.submit(sleep_task(run_s=0.05, image=image))).ids
+        trajs = await c.wait(ids)
+        assert [t.status.value for t in trajs] == ["completed"] * 4
+        assert {t.node_id for t in trajs} <= set(image_homes(image, names))
+        [plain] = await c.wait((await c.submit(sleep_task(run_s=0.05))).ids)
+        assert plain.node_id == front.node_id
     for node, _ in cluster:
         node.request_stop()

@@ -320,3 +320,102 @@ async def test_a_group_is_debited_by_its_samples(autojump_clock):
         b.cap.free_slots = 2  # b's report now counts the six it took
         await trio.sleep(1.5)
         assert a.fed.member("b").headroom == 2
+
+
+# ---- image homes -------------------------------------------------------------------------
+
+
+def test_an_images_homes_are_the_same_from_every_front_and_spread_over_the_members():
+    from rolloutd.federation import IMAGE_HOMES, image_homes
+
+    nodes = [f"node{i:02d}:8400" for i in range(8)]
+    homes = image_homes("swe:django-11099", nodes)
+    assert len(homes) == IMAGE_HOMES == 2
+    assert image_homes("swe:django-11099", list(reversed(nodes))) == homes  # order-free
+    # Over many images every member is a home of about its share (2/8 of 2,000 = 500).
+    count = Counter(h for i in range(2000) for h in image_homes(f"img{i}", nodes))
+    assert set(count) == set(nodes) and all(400 < c < 600 for c in count.values())
+    # A member that leaves moves only the images it was a home of; one that joins takes
+    # only images it becomes a home of.
+    gone = nodes[3]
+    for i in range(300):
+        before = image_homes(f"img{i}", nodes)
+        after = image_homes(f"img{i}", [n for n in nodes if n != gone])
+        assert [h for h in before if h != gone] == [h for h in after if h in before]
+        if gone not in before:
+            assert after == before
+
+
+def homes_and_others(image: str) -> tuple[list[str], list[str]]:
+    from rolloutd.federation import image_homes
+
+    names = ["a", "b", "c", "d", "e"]
+    homes = image_homes(image, names)
+    return homes, [n for n in names if n not in homes]
+
+
+def image_whose_homes(want_local: bool) -> str:
+    """An image ref whose homes among a..e include the front "a" (or do not)."""
+    return next(f"img{i}" for i in range(1000)
+                if ("a" in homes_and_others(f"img{i}")[0]) == want_local)
+
+
+def test_a_task_with_an_image_goes_to_a_home_with_room_even_when_the_front_has_room():
+    image = image_whose_homes(want_local=False)
+    homes, others = homes_and_others(image)
+    p = Placement(rng=random.Random(7))
+    peers = [peer(n, 4 if n in homes else 9) for n in "bcde"]
+    for _ in range(20):
+        assert p.choose(Cap(free_slots=5)(), peers, image=image, local_id="a").node_id in homes
+    # the home with more headroom first
+    peers = [peer(n, {homes[0]: 1, homes[1]: 3}.get(n, 9)) for n in "bcde"]
+    assert p.choose(Cap(free_slots=5)(), peers, image=image, local_id="a").node_id == homes[1]
+    # without the image, the front's room keeps it here as always
+    assert p.choose(Cap(free_slots=5)(), peers, local_id="a") is None
+
+
+def test_a_front_that_is_a_home_with_room_keeps_the_task():
+    image = image_whose_homes(want_local=True)
+    homes, _ = homes_and_others(image)
+    p = Placement(rng=random.Random(8))
+    peers = [peer(n, 9) for n in "bcde"]
+    assert p.choose(Cap(free_slots=1)(), peers, image=image, local_id="a") is None
+    # a full front that is a home gives it to the other home while that one has room
+    other = next(h for h in homes if h != "a")
+    assert p.choose(Cap(free_slots=0)(), peers, image=image, local_id="a").node_id == other
+
+
+def test_when_no_home_has_room_the_usual_rules_decide():
+    image = image_whose_homes(want_local=False)
+    homes, others = homes_and_others(image)
+    p = Placement(rng=random.Random(9))
+    peers = [peer(n, 0 if n in homes else 6, queued=3 if n in homes else 0) for n in "bcde"]
+    assert p.choose(Cap(free_slots=2)(), peers, image=image, local_id="a") is None  # room here
+    # a full front: the same choices as for a task without an image (same random draws)
+    with_image, without = Placement(rng=random.Random(10)), Placement(rng=random.Random(10))
+    full = Cap(free_slots=0, queued=1)()
+    for _ in range(20):
+        x = with_image.choose(full, peers, image=image, local_id="a")
+        y = without.choose(full, peers, local_id="a")
+        assert (x and x.node_id) == (y and y.node_id)
+    # homes that take no work are no homes: the image's homes are among those that do
+    peers = [peer(n, 9, draining=n in homes) for n in "bcde"]
+    chosen = p.choose(Cap(free_slots=0)(), peers, image=image, local_id="a")
+    assert chosen.node_id in others
+
+
+async def test_a_federation_places_a_burst_of_one_images_groups_on_its_homes(autojump_clock):
+    from rolloutd.federation import image_homes
+
+    async with open_cluster() as c:
+        a = await c.start("a", cap=Cap(free_slots=4))
+        for name in "bcd":
+            await c.start(name, cap=Cap(free_slots=3))
+        await c.wait_converged()
+        await trio.sleep(1.5)
+        image = next(f"img{i}" for i in range(1000) if "a" not in image_homes(f"img{i}", "abcd"))
+        homes = image_homes(image, "abcd")
+        placed = Counter((m.node_id if (m := a.fed.place(image=image)) else "a") for _ in range(6))
+        # the homes' 3 + 3 slots first (debited per placement), then the usual rules
+        assert placed == Counter({homes[0]: 3, homes[1]: 3})
+        assert a.fed.place(image=image) is None  # homes full: the front's own room

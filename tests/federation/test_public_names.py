@@ -9,6 +9,7 @@ def test_constants():
     assert federation.FORWARDED_HEADER == "X-Rolloutd-Forwarded"
     assert federation.GOSSIP_PATH == "/v1/federation/gossip"
     assert federation.MEMBERS_PATH == "/v1/federation/members"
+    assert federation.IMAGE_HOMES == 2 and federation.MAX_FORWARDED_IDS == 10_000
 
 
 def test_error_tree():
