@@ -193,11 +193,12 @@ class Node:
         }
 
     def _gossip_statistics(self) -> dict[str, Any]:
-        """``states``: members by state (this node included); ``gossip``: its counters since
-        it started."""
+        """``states``: members by state (this node included); ``placements``: where the tasks
+        with an image submitted here went; ``gossip``: its counters since it started."""
         assert self.federation is not None
         counts = dataclasses.asdict(self.federation.statistics())
-        return {"states": counts.pop("members"), "gossip": counts}
+        return {"states": counts.pop("members"), "placements": counts.pop("placements"),
+                "gossip": counts}
 
     def capacity(self) -> dict[str, Any]:
         """What federation peers are told about this node."""

@@ -66,6 +66,7 @@ class FederationStatistics:
     auth_failures: int  # exchanges a peer refused (401/403)
     refutations: int  # times this node bumped its incarnation to refute suspicion
     members: dict[str, int]  # state -> number of members (this node included)
+    placements: dict[str, int]  # tasks with an image: "image_home" (on a home), "image_spilled"
 
 
 class Federation:
@@ -191,6 +192,8 @@ class Federation:
             auth_failures=self._auth_failures,
             refutations=self._refutations,
             members=counts,
+            placements={"image_home": self._placement.image_home,
+                        "image_spilled": self._placement.image_spilled},
         )
 
     # ---- placement -----------------------------------------------------------------------

@@ -71,6 +71,8 @@ class Placement:
 
     def __init__(self, *, rng: random.Random | None = None) -> None:
         self._rng = rng or random.Random()
+        self.image_home = 0  # tasks with an image placed on one of its homes (rule 0)
+        self.image_spilled = 0  # tasks with an image whose homes had no room (rules 1-3)
 
     def choose(self, local: Capacity, peers: Sequence[Member], *, image: str | None = None,
                local_id: str = "") -> Member | None:
@@ -82,10 +84,13 @@ class Placement:
             ids = [m.node_id for m in candidates] + ([local_id] if here is not None else [])
             homes = image_homes(image, ids)
             if here is not None and here > 0 and local_id in homes:
+                self.image_home += 1
                 return None
             roomy = [m for m in candidates if m.node_id in homes and m.headroom > 0]
             if roomy:
+                self.image_home += 1
                 return max(roomy, key=lambda m: m.headroom)
+            self.image_spilled += 1
         if here is not None and here > 0:
             return None
         if not candidates:

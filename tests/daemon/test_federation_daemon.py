@@ -469,5 +469,11 @@ async def test_a_tasks_image_sends_its_rollouts_to_the_images_homes(tmp_path, nu
         assert {t.node_id for t in trajs} <= set(image_homes(image, names))
         [plain] = await c.wait((await c.submit(sleep_task(run_s=0.05))).ids)
         assert plain.node_id == front.node_id
+    async with httpx.AsyncClient(base_url=front.urls[0], headers=auth_headers("fedtok")) as http:
+        fed = (await http.get("/v1/status")).json()["federation"]
+        assert fed["placements"] == {"image_home": 4, "image_spilled": 0}
+        metrics = (await http.get("/metrics")).text
+    assert "rolloutd_federation_image_home_placements_total 4.0" in metrics
+    assert "rolloutd_federation_image_spilled_placements_total 0.0" in metrics
     for node, _ in cluster:
         node.request_stop()

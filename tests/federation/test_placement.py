@@ -367,6 +367,7 @@ def test_a_task_with_an_image_goes_to_a_home_with_room_even_when_the_front_has_r
     peers = [peer(n, 4 if n in homes else 9) for n in "bcde"]
     for _ in range(20):
         assert p.choose(Cap(free_slots=5)(), peers, image=image, local_id="a").node_id in homes
+    assert (p.image_home, p.image_spilled) == (20, 0)
     # the home with more headroom first
     peers = [peer(n, {homes[0]: 1, homes[1]: 3}.get(n, 9)) for n in "bcde"]
     assert p.choose(Cap(free_slots=5)(), peers, image=image, local_id="a").node_id == homes[1]
@@ -391,6 +392,7 @@ def test_when_no_home_has_room_the_usual_rules_decide():
     p = Placement(rng=random.Random(9))
     peers = [peer(n, 0 if n in homes else 6, queued=3 if n in homes else 0) for n in "bcde"]
     assert p.choose(Cap(free_slots=2)(), peers, image=image, local_id="a") is None  # room here
+    assert (p.image_home, p.image_spilled) == (0, 1)
     # a full front: the same choices as for a task without an image (same random draws)
     with_image, without = Placement(rng=random.Random(10)), Placement(rng=random.Random(10))
     full = Cap(free_slots=0, queued=1)()
