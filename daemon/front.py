@@ -127,6 +127,27 @@ class Front:
             await self.service.wait(sub.jobs)
         return sub
 
+    def submit_group(self, req: RolloutRequest, *, batch_id: str | None = None) -> Submitted:
+        """A batch's group (the sampler's intake): accepted here, and placed as a client's
+        submit is (its image's homes first). When placement picks a peer, the group is
+        handed over to it at once under the same ids (daemon/steal.py): this node answers
+        for its samples, and the batch judges and streams them here."""
+        member = None
+        if (self.stealer is not None and self.stealer.running and self.forwarder is not None
+                and not self.service.draining):
+            member = self.forwarder.place(req.n, next(iter(task_images([req.task])), None))
+        if member is None:
+            return self._intake(req, batch_id=batch_id)
+        try:
+            sub = self._intake(req, batch_id=batch_id, prefetch=False)  # its image: the peer's
+        except BaseException:
+            assert self.federation is not None
+            self.federation.forwarded(member.node_id, None, taken=False, n=req.n)
+            raise
+        assert self.stealer is not None
+        self.stealer.place(member, sub.jobs, req.n)
+        return sub
+
     def accepted_headers(self, headers: Mapping[str, str]) -> dict[str, str]:
         """Headers for the 202 of a submit with ``headers``: to a forwarded one, this node's
         federation version now, after it took the rollouts (the front's placement counts them

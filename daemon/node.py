@@ -43,7 +43,7 @@ from rolloutd.daemon.backends import Backends
 from rolloutd.daemon.config import Settings
 from rolloutd.daemon.forward import Forwarder
 from rolloutd.daemon.front import Front
-from rolloutd.daemon.images import Images
+from rolloutd.daemon.images import Images, task_images
 from rolloutd.daemon.jobs import Job, new_id
 from rolloutd.daemon.journal import Journal
 from rolloutd.daemon.logs import redact
@@ -102,7 +102,7 @@ class Node:
         self.service = RolloutService(settings, self.pipeline, self.registry, node_id=self.node_id)
         self.metrics = Metrics(self.status)
         self.images = Images(settings)
-        self.sampler = Sampler(self.service, submit=self.submit, prefetch=self.images.prefetch)
+        self.sampler = Sampler(self.service, submit=self._submit_group, prefetch=self._prefetch_ahead)
         self.journal = Journal(
             settings.state_dir / "journal.sqlite3", boot_id=self.boot_id, ttl_s=settings.result_ttl_s
         )
@@ -139,23 +139,37 @@ class Node:
     # ---- wiring -----------------------------------------------------------------------
 
     def submit(self, req: RolloutRequest, *, batch_id: str | None = None,
-               replay_of: Trajectory | None = None, ids: list[str] | None = None) -> Submitted:
+               replay_of: Trajectory | None = None, ids: list[str] | None = None,
+               prefetch: bool = True) -> Submitted:
         """Submit to the service with the journal and metrics following each new job (the
         front's and the sampler's intake); ``replay_of``: a replay of that rollout; ``ids``:
-        the ids a forwarding peer chose."""
+        the ids a forwarding peer chose; ``prefetch``: False for jobs a peer will run."""
         sub = self.service.submit(req, batch_id=batch_id, replay_of=replay_of, ids=ids)
         if not sub.replayed:
-            self.follow(sub.jobs)
+            self.follow(sub.jobs, prefetch=prefetch)
         return sub
 
-    def follow(self, jobs: list[Job]) -> None:
+    def _submit_group(self, req: RolloutRequest, *, batch_id: str | None = None) -> Submitted:
+        """The sampler's intake: a batch's group, which the front places (federation)."""
+        return self.front.submit_group(req, batch_id=batch_id)
+
+    def _prefetch_ahead(self, tasks: list[dict[str, Any]]) -> None:
+        """The sampler's prefetch of a coming group's image: with federation, only of the
+        images this node is a home of (placement sends the others' groups elsewhere)."""
+        federation = self.federation
+        if federation is not None:
+            tasks = [t for t in tasks if all(map(federation.is_image_home, task_images([t])))]
+        self.images.prefetch(tasks)
+
+    def follow(self, jobs: list[Job], *, prefetch: bool = True) -> None:
         """Journal new jobs and observe them when they end (metrics: only the ones run here,
-        not those handed over to a peer); fetch their images ahead."""
+        not those handed over to a peer); fetch their images ahead (``prefetch``)."""
         self.journal.record_submitted(jobs)
         for job in jobs:
             job.add_listener(self._observe)
             job.add_listener(self.journal.record_finished)
-        self.images.prefetch(list({id(j.request.task): j.request.task for j in jobs}.values()))
+        if prefetch:
+            self.images.prefetch(list({id(j.request.task): j.request.task for j in jobs}.values()))
 
     def _observe(self, job: Job) -> None:
         if job.moved_to is None:

@@ -128,6 +128,20 @@ class Pipeline:
                      job.trajectory.node_id, extra=_ids(job, stage=Stage.init.value))
         return jobs + initialized
 
+    def withdraw(self, jobs: list[Job]) -> list[Job]:
+        """Withdraw ``jobs`` from the intake, for a peer to run (placement chose one for a
+        batch's group just queued here): as ``hand_over`` does, but these jobs, and only
+        those still queued (returned). Synchronous: a job queued in the same step has not
+        been started by an INIT worker."""
+        taken = [job for job in jobs
+                 if not job.done.is_set() and not job.cancel_requested and self.intake.remove(job)]
+        for job in taken:
+            self._live.discard(job)
+            self._away.add(job)
+        if taken:
+            self._held_changed()
+        return taken
+
     def take_back(self, jobs: list[Job]) -> None:
         """Queue again handed-over jobs the peer did not take (cancelled if this daemon is
         draining, or if they were cancelled meanwhile)."""

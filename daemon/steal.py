@@ -18,6 +18,14 @@ follows the forwarding rules (daemon/forward.py): refused, or provably never sen
 again on the victim; sent and never answered -> failed/peer_lost; the thief lost later ->
 failed/peer_lost. A job is handed over at most once (a taken-over job is not stolen again),
 so it runs in one place.
+
+Placement uses the same hand-over for a batch's groups (``place``): the sampler's groups are
+accepted on the daemon that holds the batch, and one that placement sends to a peer (as it
+would a client's submit, an image's homes first) is handed over at once, whether or not
+work stealing is on. The groups placed on one peer in one scheduling step go in one
+request. Either way, the results of every rollout handed over to one peer come back
+through one relay (a stream of the peer's), begun again with the new ones whenever more are
+handed over, so a batch of hundreds of groups holds one connection per peer, not one per group.
 """
 
 from __future__ import annotations
@@ -78,9 +86,10 @@ class AdoptRequest(BaseModel):
 
 
 class Stealer:
-    """Both sides of work stealing for one daemon. ``follow`` wires jobs taken over here to
-    the journal and metrics (the node's); ``run`` holds the thief loop and the tasks that
-    relay handed-over jobs' results."""
+    """Both sides of work stealing for one daemon, and the hand-over of the batch groups
+    placement sends to peers (``place``). ``follow`` wires jobs taken over here to the
+    journal and metrics (the node's); ``run`` holds the thief loop and the tasks that send
+    placed groups and relay handed-over jobs' results."""
 
     def __init__(self, *, node_id: str, settings: Settings, pipeline: Pipeline,
                  service: RolloutService, forwarder: Forwarder, journal: Journal,
@@ -93,25 +102,37 @@ class Stealer:
         self.journal = journal
         self._follow = follow
         self._nursery: trio.Nursery | None = None
+        self._outbox: dict[str, tuple[Member, list[Job], int]] = {}  # placed, not yet sent
+        self._away: dict[str, dict[str, Job]] = {}  # node id -> jobs it runs for us
+        self._more: dict[str, trio.Event] = {}  # node id -> set when more were handed to it
         self.taken_over = 0  # rollouts peers handed to us
-        self.handed_over = 0  # rollouts we handed to peers
+        self.handed_over = 0  # rollouts we handed to peers that asked (stealing)
+        self.placed = 0  # samples of batch groups placement handed to peers
         self.taken_back = 0  # handed over, refused or never sent, queued here again
         self.lost = 0  # handed over, then the thief was lost
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            if not self.settings.work_stealing:
-                await trio.sleep_forever()
-            while True:
-                await trio.sleep(self.settings.steal_interval_s)
-                await self._steal()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                if not self.settings.work_stealing:
+                    await trio.sleep_forever()
+                while True:
+                    await trio.sleep(self.settings.steal_interval_s)
+                    await self._steal()
+        finally:
+            self._nursery = None
+
+    @property
+    def running(self) -> bool:
+        """Whether ``run`` runs (hand-overs need its nursery)."""
+        return self._nursery is not None
 
     def statistics(self) -> dict[str, Any]:
         return {"work_stealing": self.settings.work_stealing, "taken_over": self.taken_over,
-                "handed_over": self.handed_over, "taken_back": self.taken_back,
-                "handed_over_lost": self.lost}
+                "handed_over": self.handed_over, "batch_placed": self.placed,
+                "taken_back": self.taken_back, "handed_over_lost": self.lost}
 
     # ---- the thief ----------------------------------------------------------------------
 
@@ -144,8 +165,10 @@ class Stealer:
                 return
 
     async def adopt(self, req: AdoptRequest) -> dict[str, Any]:
-        """Queue rollouts a peer hands over; the answer says which were taken. They are in
-        the journal before the peer hears so (as a client's rollouts are)."""
+        """Queue rollouts a peer hands over; the answer says which were taken, and this
+        node's federation version after it took them (``took_at``: the peer's placement
+        counts them against this node until a capacity report of a later heartbeat does).
+        They are in the journal before the peer hears so (as a client's rollouts are)."""
         jobs, accepted, refused = self.service.adopt(req.rollouts, origin=req.origin)
         if jobs:
             self._follow(jobs)
@@ -158,7 +181,8 @@ class Stealer:
         self.taken_over += len(jobs)
         if jobs:
             log.info("took over %d queued rollouts from %s", len(jobs), req.origin)
-        return {"accepted": accepted, "refused": refused}
+        return {"accepted": accepted, "refused": refused,
+                "took_at": list(self.forwarder.federation.version)}
 
     # ---- the victim ---------------------------------------------------------------------
 
@@ -177,10 +201,43 @@ class Stealer:
         # here nor handed over.
         with trio.CancelScope(shield=True):
             jobs = await self.pipeline.hand_over(n, lambda job: _stealable(job, thief.node_id))
-            moved = await self._hand_over(thief, jobs) if jobs else []
+            moved, _ = await self._hand_over(thief, jobs) if jobs else ([], None)
         return {"moved": moved}
 
-    async def _hand_over(self, thief: Member, jobs: list[Job]) -> list[str]:
+    # ---- placement of a batch's groups ---------------------------------------------------
+
+    def place(self, member: Member, jobs: list[Job], debit: int) -> None:
+        """Hand ``jobs`` (a batch's group, queued here in this step) over to ``member``, the
+        peer placement chose for them (debiting ``debit`` samples from its headroom): soon,
+        in one request with the other groups placed there in this step."""
+        jobs = self.pipeline.withdraw(jobs)
+        queued = self._outbox.get(member.node_id)
+        if queued is None:
+            assert self._nursery is not None
+            self._outbox[member.node_id] = (member, jobs, debit)
+            self._nursery.start_soon(self._send_placed, member.node_id)
+        else:
+            self._outbox[member.node_id] = (queued[0], queued[1] + jobs, queued[2] + debit)
+
+    async def _send_placed(self, node_id: str) -> None:
+        await trio.lowlevel.checkpoint()  # the groups placed in the step that started this
+        member, jobs, debit = self._outbox.pop(node_id)
+        taken = 0
+        with trio.CancelScope(shield=True):  # bounded (ADOPT_TIMEOUT, twice, per request)
+            for i in range(0, len(jobs), MAX_STEAL):
+                chunk = jobs[i:i + MAX_STEAL]
+                moved, at = await self._hand_over(member, chunk, placed=True)
+                taken += len(moved)
+                if moved:
+                    self.forwarder.federation.forwarded(node_id, at, taken=True, n=len(moved))
+        self.forwarder.federation.forwarded(node_id, None, taken=False, n=max(0, debit - taken))
+
+    # ---- the hand-over, and the results' way back ------------------------------------------
+
+    async def _hand_over(self, thief: Member, jobs: list[Job], *,
+                         placed: bool = False) -> tuple[list[str], tuple[int, int] | None]:
+        """Send ``jobs`` (withdrawn from the pipeline) to ``thief``; the ids it took, and its
+        version when it took them (None: an older peer's answer, or nothing taken)."""
         fwd = self.forwarder
         try:
             samples = [QueuedSample.of(job) for job in jobs]
@@ -192,9 +249,10 @@ class Stealer:
             resp = await fwd.post(thief.url + ADOPT_PATH, body, limits=ADOPT_TIMEOUT)
             answer = resp.json() if resp.status_code == 200 else {}
             accepted = set(answer.get("accepted", []))
+            at = _version(answer.get("took_at"))
         except NeverSent:
             self._take_back(jobs)
-            return []
+            return [], None
         except (httpx.HTTPError, ValueError, AttributeError, TypeError) as exc:
             # It may have taken them: they are lost, never run here as well.
             log.warning("handing %d rollouts to %s went unanswered (%r): they are lost",
@@ -205,7 +263,7 @@ class Stealer:
                 self._end(job, fwd.lose(job.id, thief.node_id, f"handed over to peer {thief.node_id}, "
                                         "which never answered (it was not re-run elsewhere)"))
             self.lost += len(jobs)
-            return []
+            return [], None
         moved = [job for job in jobs if job.id in accepted]
         self._take_back([job for job in jobs if job.id not in accepted])
         for job in moved:
@@ -218,38 +276,64 @@ class Stealer:
             if job.cancel_requested:
                 self._cancel_remote(job)
         if moved:
-            self.handed_over += len(moved)
-            log.info("handed %d queued rollouts over to %s", len(moved), thief.node_id)
-            assert self._nursery is not None
-            self._nursery.start_soon(self._relay, thief.node_id, moved)
-        return [job.id for job in moved]
+            if placed:
+                self.placed += len(moved)
+            else:
+                self.handed_over += len(moved)
+            log.info("handed %d queued rollouts over to %s (%s)", len(moved), thief.node_id,
+                     "placed" if placed else "it asked")
+            self._watch(thief.node_id, moved)
+        return [job.id for job in moved], at
 
     def _take_back(self, jobs: list[Job]) -> None:
         if jobs:
             self.pipeline.take_back(jobs)
             self.taken_back += len(jobs)
 
-    async def _relay(self, node_id: str, jobs: list[Job]) -> None:
-        """End each handed-over job with the thief's trajectory, as it finishes there."""
-        waiting = {job.id: job for job in jobs}
-        send, recv = trio.open_memory_channel[str](len(jobs))
+    def _watch(self, node_id: str, jobs: list[Job]) -> None:
+        """Relay the results of ``jobs``, just handed over to ``node_id``, with the others
+        it runs for us."""
+        waiting = self._away.get(node_id)
+        if waiting is None:
+            waiting = self._away[node_id] = {}
+            assert self._nursery is not None
+            self._nursery.start_soon(self._relay, node_id, waiting)
+        waiting.update((job.id, job) for job in jobs)
+        more = self._more.get(node_id)
+        if more is not None:
+            more.set()
+
+    async def _relay(self, node_id: str, waiting: dict[str, Job]) -> None:
+        """End each job handed over to ``node_id`` with its trajectory there, as it finishes:
+        one relay for all of them, begun again (with those not yet delivered) when more are
+        handed over; a result that finished meanwhile comes at once in the new one."""
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.forwarder.relay, node_id, list(waiting), send)
-                async with recv:
-                    async for line in recv:
-                        traj = Trajectory.model_validate_json(line)
-                        job = waiting.pop(traj.id, None)
-                        if job is not None:
-                            self._end(job, traj)
-                            if traj.status is Status.failed and traj.error and traj.error.type == "peer_lost":
-                                self.lost += 1
+            while waiting:
+                more = self._more[node_id] = trio.Event()
+                send, recv = trio.open_memory_channel[str](len(waiting))
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self.forwarder.relay, node_id, list(waiting), send)
+                    nursery.start_soon(_cancel_when, more, nursery.cancel_scope)
+                    async with recv:
+                        async for line in recv:
+                            self._deliver(waiting, Trajectory.model_validate_json(line))
+                    nursery.cancel_scope.cancel()  # every one delivered
         finally:
+            self._more.pop(node_id, None)
+            if self._away.get(node_id) is waiting:
+                del self._away[node_id]
             if waiting:  # this daemon stops: the thief need not run them any more
                 with trio.move_on_after(CANCEL_TIMEOUT_S, shield=True):
                     async with trio.open_nursery() as nursery:
                         for job_id in waiting:
                             nursery.start_soon(self._delete, node_id, job_id)
+
+    def _deliver(self, waiting: dict[str, Job], traj: Trajectory) -> None:
+        job = waiting.pop(traj.id, None)
+        if job is not None:
+            self._end(job, traj)
+            if traj.status is Status.failed and traj.error and traj.error.type == "peer_lost":
+                self.lost += 1
 
     def _end(self, job: Job, traj: Trajectory) -> None:
         """Finish a handed-over job here with ``traj`` (the thief's, or peer_lost)."""
@@ -270,6 +354,19 @@ class Stealer:
             await self.forwarder.cancel(job_id)
         except Exception as exc:
             log.debug("could not cancel %s on %s: %r", job_id, node_id, exc)
+
+
+async def _cancel_when(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+def _version(raw: Any) -> tuple[int, int] | None:
+    """A ``took_at`` of an adopt's answer ([incarnation, heartbeat]), or None."""
+    if (isinstance(raw, list) and len(raw) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in raw)):
+        return raw[0], raw[1]
+    return None
 
 
 def _unstarted(pipeline: Pipeline) -> int:

@@ -34,7 +34,7 @@ import trio
 
 from ._exceptions import GossipPayloadError, PeerAuthError, PeerError
 from ._member import Member, MemberState
-from ._placement import Placement
+from ._placement import Placement, image_homes
 from ._settings import GossipSettings
 from ._wire import (
     GOSSIP_PATH,
@@ -175,6 +175,12 @@ class Federation:
             return self._me.copy()
         m = self._peers.get(node_id)
         return m.copy() if m is not None else None
+
+    def is_image_home(self, image: str) -> bool:
+        """Whether this node is one of ``image``'s homes (``image_homes``) among itself and
+        the peers that accept work: where placement sends the tasks with that image first."""
+        ids = [m.node_id for m in self._peers.values() if m.accepts_work] + [self.node_id]
+        return self.node_id in image_homes(image, ids)
 
     def peers(self) -> list[Member]:
         """Copies of every other known member, in any state."""

@@ -477,3 +477,97 @@ async def test_a_tasks_image_sends_its_rollouts_to_the_images_homes(tmp_path, nu
     assert "rolloutd_federation_image_spilled_placements_total 0.0" in metrics
     for node, _ in cluster:
         node.request_stop()
+
+
+def mixed_prompt(run_s: float, **kw) -> dict:
+    """A sleep task whose group of 2 has rewards 0 and 1 (kept by the DAPO rule)."""
+    return sleep_task(run_s=run_s, rewards=[0, 1], **kw)
+
+
+async def test_a_batchs_groups_are_placed_across_the_federation(tmp_path, nursery):
+    """A batch sent to one daemon of three (1 slot per stage each, stealing off) runs its
+    groups where placement puts them, as a client's submits would be: the front while it
+    has room, the peers after. Each group runs whole on one node, once; the front judges
+    and streams every group, and counts what it placed."""
+    cluster = await start_cluster(tmp_path, nursery, stealing=False)
+    front = cluster[0][0]
+    prompts = [mixed_prompt(0.3) for _ in range(9)]
+    async with AsyncClient(front.urls[0], token="fedtok") as c:
+        with trio.fail_after(30):
+            groups = [g async for g in c.sample_batch(prompts, group_size=2, keep=9,
+                                                      max_in_flight_groups=9)]
+        assert len(groups) == 9
+        trajs = [t for g in groups for t in g.rollouts]
+        assert {t.status.value for t in trajs} == {"completed"}
+        assert all(len({t.node_id for t in g.rollouts}) == 1 for g in groups)  # whole groups
+        ran = {node.node_id: executed(node) for node, _ in cluster}
+        assert sum(ran.values()) == 18, ran  # none ran twice
+        assert Counter(t.node_id for t in trajs) == {k: v for k, v in ran.items() if v}
+        assert all(ran.values()), ran  # every daemon took a share
+        assert {t.batch_id for t in trajs} == {groups[0].rollouts[0].batch_id}
+        remote = next(t for t in trajs if t.node_id != front.node_id)
+        assert (await c.get(remote.id)).node_id == remote.node_id  # the front answers for it
+    assert front.front.stealer is not None
+    placed = 18 - ran[front.node_id]
+    assert front.front.stealer.statistics()["batch_placed"] == placed
+    assert sum(n.front.stealer.statistics()["taken_over"] for n, _ in cluster) == placed
+    async with httpx.AsyncClient(base_url=front.urls[0], headers=auth_headers("fedtok")) as http:
+        assert (await http.get("/v1/status")).json()["federation"]["batch_placed"] == placed
+        metrics = (await http.get("/metrics")).text
+    assert f"rolloutd_federation_batch_placed_total {placed}.0" in metrics
+    for node, _ in cluster:
+        node.request_stop()
+
+
+async def test_a_batchs_groups_with_an_image_go_to_the_images_homes(tmp_path, nursery):
+    """The front has room, but the batch's tasks name an image whose homes are the two
+    peers: every group runs there, and the front prefetches nothing for them. (The image
+    ref is never opened: a sleep task has no sandbox.)"""
+    cluster = await start_cluster(tmp_path, nursery, stealing=False)
+    front = cluster[0][0]
+    names = [node.node_id for node, _ in cluster]
+    image = next(f"oci:/images/task{i}:latest" for i in range(1000)
+                 if front.node_id not in image_homes(f"oci:/images/task{i}:latest", names))
+    prompts = [mixed_prompt(0.05, image=image) for _ in range(4)]
+    async with AsyncClient(front.urls[0], token="fedtok") as c:
+        with trio.fail_after(30):  # one group at a time: the sampler prefetches the next one's
+            groups = [g async for g in c.sample_batch(prompts, group_size=2, keep=4,
+                                                      max_in_flight_groups=1)]
+    nodes = {t.node_id for g in groups for t in g.rollouts}
+    assert len(groups) == 4 and nodes <= set(image_homes(image, names)), nodes
+    assert executed(front) == 0
+    assert front.federation is not None
+    assert front.federation.statistics().placements == {"image_home": 4, "image_spilled": 0}
+    assert front.images.statistics()["prefetched"] + front.images.statistics()["prefetch_failed"] == 0
+    for node, _ in cluster:
+        node.request_stop()
+
+
+async def test_a_batch_group_on_a_peer_that_dies_is_filtered_never_rerun(tmp_path, nursery):
+    """Groups placed on a peer that is then killed end failed/peer_lost there: the batch
+    filters them (reason infrastructure, never reward 0) and runs on; nothing runs twice."""
+    cluster = await start_cluster(tmp_path, nursery, n=2, stealing=False)
+    (front, _), (peer, peer_scope) = cluster
+    prompts = [mixed_prompt(60) for _ in range(4)]
+    async with AsyncClient(front.urls[0], token="fedtok") as c:
+        batch = await c.create_batch(prompts, group_size=2, keep=4)
+        assert front.front.stealer is not None
+        with trio.fail_after(10):
+            while not (front.forwarder is not None and front.forwarder.live.jobs_on(peer.node_id)):
+                await trio.sleep(0.05)
+        on_peer = set(front.forwarder.live.jobs_on(peer.node_id))
+        peer_scope.cancel()  # the peer dies abruptly while it runs them
+        with trio.fail_after(30):
+            while True:
+                status = await c.batch_status(batch["id"])
+                if status["filtered_reasons"].get("infrastructure", 0) * 2 >= len(on_peer):
+                    break
+                await trio.sleep(0.1)
+        assert status["kept"] == 0
+        lost = [t for t in (await c.wait(sorted(on_peer)))]
+        assert {(t.status.value, t.error.type) for t in lost} == {("failed", "peer_lost")}
+        assert all(g["reason"] == "infrastructure" and "peer_lost" in g["detail"]
+                   for g in status["filtered_groups"])
+        assert executed(front) == 0  # not re-run on the front
+        await c.cancel_batch(batch["id"])
+    front.request_stop()

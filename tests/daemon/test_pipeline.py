@@ -230,6 +230,26 @@ async def test_hand_over_takes_queued_jobs_then_those_waiting_after_init(nursery
     assert {j.status for j in sub.jobs} == {Status.cancelled}
 
 
+async def test_withdraw_takes_just_queued_jobs_for_a_peer_and_take_back_requeues_them(start_node):
+    """Placement of a batch's group (daemon/steal.py ``place``): the group's jobs, queued in
+    this step, leave the intake whole; a cancelled or started one is not taken."""
+    node = await start_node(n_init=1, n_run=1, n_eval=1)
+    pipeline = node.pipeline
+    group = node.submit(req(n=3, run_s=30)).jobs
+    cancelled = node.submit(req(n=1, run_s=30)).jobs[0]
+    cancelled.cancel()  # asked to cancel: not handed to anyone
+    taken = pipeline.withdraw([*group, cancelled])
+    assert taken == group
+    assert (len(pipeline.intake), pipeline.away) == (1, 3)
+    assert pipeline.withdraw(group) == []  # no longer queued here
+    pipeline.take_back(taken)
+    assert (len(pipeline.intake), pipeline.away) == (4, 0)
+    for job in [*group, cancelled]:
+        pipeline.cancel(job)
+    with trio.fail_after(5):
+        await node.service.wait([*group, cancelled])
+
+
 async def test_rate_while_full_counts_finished_rollouts_not_cancelled_ones(start_node,
                                                                           autojump_clock):
     """The pipeline feeds its Throughput: EVAL (3 s, one worker) paces 3 workers' worth of
