@@ -56,6 +56,13 @@ after its own warm-up and idle spell, and the run with the median rollouts/s sta
 one daemon measured 0.82 and 1.08 rollouts/s minutes apart on this shared VM, and every
 eff_N divides by that one figure.
 
+``--load batch`` sends the same rollouts as ONE dynamic-sampling batch instead (``POST
+/v1/batches`` on the front: ``N x --per-daemon / --group-size`` prompts of the same task,
+groups of ``--group-size``, every group in flight at once and kept), and streams its groups
+back; the front places each group (docs/federation.md, "Batches across a federation"). The
+warm-ups stay single rollouts. Latency then runs from the batch's creation to its group's
+arrival.
+
 rollouts/s: rollouts / (first submit to last result), what a trainer waiting for its batch
 sees. Latency: from the client's submit to the result's arrival in its stream (p50, p99).
 Per-daemon work: the rollouts each daemon ran, from each trajectory's ``node_id`` (the
@@ -66,6 +73,7 @@ Targets: eff_8 >= 0.9, vs_control_8 >= 0.95, tail_ratio_8 <= 1.15.
     sudo .venv/bin/python bench/federation.py      # about 10 minutes on this 2-core VM
     sudo .venv/bin/python bench/federation.py --sizes 1,2 --sweep 1,2 --per-daemon 6  # 3 min
     sudo .venv/bin/python bench/federation.py --keep-logs /tmp/fedlogs  # daemons log at info
+    sudo .venv/bin/python bench/federation.py --load batch --sizes 1,8 --sweep '' --no-control
 
 Needs root (cgroups; network namespaces). Removes its cgroups, namespaces and processes at
 the end, also on Ctrl-C or SIGTERM (daemon logs are kept when a daemon did not exit 0).
@@ -681,7 +689,7 @@ async def gossip_counts(cluster: Cluster, http: httpx.AsyncClient) -> list[int |
     return out
 
 
-FRONT_COUNTS = ("forwarded_total", "relay_probes", "relay_lookups")
+FRONT_COUNTS = ("forwarded_total", "relay_probes", "relay_lookups", "batch_placed")
 
 
 async def front_counts(cluster: Cluster, http: httpx.AsyncClient) -> list[int]:
@@ -771,6 +779,47 @@ async def run_load(http: httpx.AsyncClient, front: str, count: int, timeout_s: f
     return sorted(outcomes, key=lambda o: o.arrived)
 
 
+async def run_batch_load(http: httpx.AsyncClient, front: str, count: int, timeout_s: float,
+                         group_size: int) -> list[Outcome]:
+    """``--load batch``: one dynamic-sampling batch on the front, of ``count / group_size``
+    prompts (the code task), every group in flight at once and every group kept (filter
+    ``keep_all``); its kept groups streamed back as they are kept. A rollout's ``submitted``
+    is the batch's creation, its ``arrived`` its group's line. A rollout of a group that
+    never came (filtered: a sample not usable; or past ``timeout_s``) is an outcome with
+    status "no result"."""
+    groups = max(1, count // group_size)
+    body = {"prompts": [TASK] * groups, "group_size": group_size, "keep": groups,
+            "max_in_flight_groups": groups, "filter": {"rule": "keep_all"}}
+    outcomes: list[Outcome] = []
+    t0 = time.perf_counter()
+    resp = await http.post(front + "/v1/batches", json=body)
+    if resp.status_code != 202:
+        raise RuntimeError(f"the batch was answered {resp.status_code}: {resp.text[:300]}")
+    batch_id = resp.json()["id"]
+    with trio.move_on_after(timeout_s):
+        async with http.stream("GET", f"{front}/v1/batches/{batch_id}/groups") as lines:
+            lines.raise_for_status()
+            async for line in lines.aiter_lines():
+                if not line.strip():
+                    continue
+                arrived = time.perf_counter() - t0
+                for traj in json.loads(line)["rollouts"]:
+                    err = traj.get("error") or {}
+                    outcomes.append(Outcome(
+                        submitted=0.0, arrived=arrived, status=traj["status"],
+                        reward=traj.get("reward"), node=traj.get("node_id"),
+                        error=f"{err.get('stage')}/{err.get('type')}: {err.get('message', '')[:200]}"
+                        if err else None))
+    status = (await http.get(f"{front}/v1/batches/{batch_id}")).json()
+    now = time.perf_counter() - t0
+    why = (f"batch {batch_id} {status.get('state')} ({status.get('stop_reason')}), "
+           f"filtered {status.get('filtered_reasons')}")
+    for _ in range(groups * group_size - len(outcomes)):
+        outcomes.append(Outcome(submitted=0.0, arrived=now, status="no result", reward=None,
+                                node=None, error=f"not in a kept group: {why}"))
+    return outcomes
+
+
 @dataclasses.dataclass
 class Result:
     label: str
@@ -833,6 +882,7 @@ class Run:
     cores_each: float
     rollouts: int
     timeout_s: float = 600.0
+    group_size: int | None = None  # --load batch: the batch's G (None: rollouts one by one)
 
 
 async def measure(run: Run, cluster: Cluster, http: httpx.AsyncClient, converge_s: float) -> Result:
@@ -862,7 +912,10 @@ async def measure(run: Run, cluster: Cluster, http: httpx.AsyncClient, converge_
     thr0 = [budgets.throttled_s(i) for i in idx]
     machine0, ours0, client0 = machine_cpu_s(), budgets.total_usage_s(), client_cpu_s()
 
-    outcomes = await run_load(http, front, run.rollouts, run.timeout_s)
+    if run.group_size is None:
+        outcomes = await run_load(http, front, run.rollouts, run.timeout_s)
+    else:
+        outcomes = await run_batch_load(http, front, run.rollouts, run.timeout_s, run.group_size)
 
     machine1, ours1, client1 = machine_cpu_s(), budgets.total_usage_s(), client_cpu_s()
     cpu1 = [budgets.usage_s(i) for i in idx]
@@ -881,7 +934,8 @@ async def measure(run: Run, cluster: Cluster, http: httpx.AsyncClient, converge_
     return Result(
         label=run.label, n=cluster.n, slots=run.slots, cores_each=run.cores_each,
         outcomes=outcomes, converge_s=converge_s, work=work, work_source=source,
-        forwarded=fwd1[0] - fwd0[0], sweeps=(fwd1[1] - fwd0[1], fwd1[2] - fwd0[2]),
+        forwarded=fwd1[0] - fwd0[0] + fwd1[3] - fwd0[3],  # submits forwarded, batch samples placed
+        sweeps=(fwd1[1] - fwd0[1], fwd1[2] - fwd0[2]),
         cpu_s=[b - a for a, b in zip(cpu0, cpu1, strict=True)],
         proc_cpu_s=[b - a for a, b in zip(pcpu0, pcpu1, strict=True)],
         throttled_s=[b - a for a, b in zip(thr0, thr1, strict=True)],
@@ -977,6 +1031,8 @@ async def bench(args: argparse.Namespace) -> None:
     CFS_PERIOD_US = args.cfs_period_us
     sizes = [int(s) for s in args.sizes.split(",")]
     sweep_runs = [int(s) for s in args.sweep.split(",")] if args.sweep else []
+    if args.load == "batch" and (args.group_size < 1 or args.per_daemon % args.group_size):
+        raise SystemExit(f"--per-daemon {args.per_daemon} is not a multiple of --group-size {args.group_size}")
     if args.repeats < 1:
         raise SystemExit("--repeats must be at least 1")
     if sizes[0] != 1 or sizes != sorted(set(sizes)):
@@ -1008,7 +1064,9 @@ async def bench(args: argparse.Namespace) -> None:
         f"budget: {args.budget:g} core per daemon ({budgets.describe()}, period {CFS_PERIOD_US} us); "
         f"{top} daemons take {total:g} of {cpus} CPUs, the rest is the client's. Network: {net.mode}. "
         f"Workload: code tasks, scripted backend (TEST DOUBLE) at {args.latency_s:g} s a turn, "
-        f"3 turns (2 bash tool calls, then finish), bwrap sandboxes. Gossip every "
+        f"3 turns (2 bash tool calls, then finish), bwrap sandboxes. "
+        + (f"Load: one batch of groups of {args.group_size} (POST /v1/batches). "
+           if args.load == "batch" else "") + "Gossip every "
         f"{gossip_interval():g} s. Work stealing: {STEALING_TEXT[args.stealing]}.")
     # A rough plan from runs on this 2-core VM: a daemon takes ~18 CPU-seconds to start
     # (imports, tokenizer), so k daemons ~20 + 10 (k - 1) s; a rollout ~0.2 CPU-seconds on
@@ -1036,8 +1094,9 @@ async def bench(args: argparse.Namespace) -> None:
             async def measured(label: str, cluster: Cluster, slots: tuple[int, int, int], cores: float,
                                rollouts: int) -> Result:
                 ready_s = await wait_converged(cluster, http, timeout_s=300)
-                r = await measure(Run(label, cluster.n, slots, cores, rollouts, args.burst_timeout_s),
-                                  cluster, http, ready_s)
+                group = args.group_size if args.load == "batch" else None
+                r = await measure(Run(label, cluster.n, slots, cores, rollouts, args.burst_timeout_s,
+                                      group), cluster, http, ready_s)
                 r.indices = list(cluster.indices)
                 console.print(describe(r))
                 return r
@@ -1113,7 +1172,9 @@ async def bench(args: argparse.Namespace) -> None:
     console.print(
         "rollouts/s: rollouts / (first submit to last result); eff = rps / (budgets x rps of one "
         "federated daemon), budgets = a run's cores / one daemon's (N, also for the control of N); ok: completed with reward 1. p50/p99: submit to result, as the client "
-        f"sees it. work per daemon: rollouts each daemon ran, from {' and '.join(sorted(sources))}; "
+        f"sees it{' (submit: the batch creation)' if args.load == 'batch' else ''}; forwarded: "
+        "rollouts the front forwarded or placed on a peer (a batch's). work per daemon: rollouts "
+        f"each daemon ran, from {' and '.join(sorted(sources))}; "
         "busiest/mean of it. CPU s: each daemon's cgroup over the burst (its sandboxes and tools "
         "included); % of budget: that over (budget x burst time); idle: the same over "
         f"{IDLE_S:g} s before the burst, with nothing submitted (gossip, health checks), and the gossip "
@@ -1166,6 +1227,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="saturation: the fewest slots within this fraction of the sweep's best")
     p.add_argument("--latency-s", type=float, default=0.4, help="the scripted backend's latency per turn")
     p.add_argument("--no-control", action="store_true", help="skip the one-daemon control")
+    p.add_argument("--load", choices=("rollouts", "batch"), default="rollouts",
+                   help="rollouts: each submitted alone (POST /v1/rollouts) and streamed back; "
+                   "batch: one dynamic-sampling batch on the front (POST /v1/batches) of "
+                   "--group-size groups, all in flight, all kept, streamed back as groups")
+    p.add_argument("--group-size", type=int, default=4, help="G of --load batch")
     p.add_argument("--repeats", type=int, default=3,
                    help="bursts per size and for the control; the median one (by rollouts/s) stands")
     p.add_argument("--stealing", choices=("default", "on", "off"), default="default",
