@@ -219,7 +219,7 @@ class Federation:
         self._detect(trio.current_time())
         here = check_capacity(self._capacity() if local is None else local)
         chosen = self._placement.choose(here, list(self._peers.values()), image=image,
-                                        local_id=self.node_id)
+                                        local_id=self.node_id, n=n)
         if chosen is None:
             return None
         chosen.in_flight += n

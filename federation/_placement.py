@@ -43,7 +43,8 @@ class Placement:
     """The placement policy of a front node (pure: no I/O, no clock).
 
     1. A node with room (headroom > 0) runs the rollout itself: no extra hop.
-    2. Otherwise it samples two peers that accept work (power of two choices) and takes
+    2. Otherwise it samples two peers that accept work (power of two choices; every one
+       for a request of several samples, see below) and takes
        the one that would finish it first: the least ``finish_s`` (everything it holds,
        the rollouts we sent it since its last report and this one, over the rate it
        measured while full), when this node and both peers have measured a rate and those
@@ -59,7 +60,13 @@ class Placement:
        without a healthy backend forwards whenever any peer accepts work.
 
     Sampling two instead of scanning all peers keeps fronts that decide on the same stale
-    gossip from all picking the same peer.
+    gossip from all picking the same peer. A request of several samples (a group: a client's
+    ``n``, a batch's ``group_size``) is compared against every peer that accepts work
+    instead: two choices leave about one request's worth of imbalance per node, which for a
+    group is the group's size (a batch of 32 groups of 4 on 8 equal daemons ended with one
+    daemon holding 5 groups and another 3 in every burst; a scan of all, none). One front's
+    own choices never pile up on one peer, since each one is debited from the peer's
+    headroom at once; fronts that share stale gossip may, for one gossip interval.
 
     0. With ``image`` (the task's image ref), before all of that: the image's homes (see
        ``image_homes``, among this node and the peers that accept work) come first. A home
@@ -75,9 +82,9 @@ class Placement:
         self.image_spilled = 0  # tasks with an image whose homes had no room (rules 1-3)
 
     def choose(self, local: Capacity, peers: Sequence[Member], *, image: str | None = None,
-               local_id: str = "") -> Member | None:
-        """The peer to forward to, or None to run locally (``local_id``: this node's id, for
-        the homes of ``image``)."""
+               local_id: str = "", n: int = 1) -> Member | None:
+        """The peer to forward a request of ``n`` samples to, or None to run it locally
+        (``local_id``: this node's id, for the homes of ``image``)."""
         here = local_headroom(local)
         candidates = [m for m in peers if m.accepts_work]
         if image:
@@ -95,14 +102,14 @@ class Placement:
             return None
         if not candidates:
             return None
-        pair = self._rng.sample(candidates, min(2, len(candidates)))
-        timed = [(t, m) for m in pair if (t := m.finish_s) is not None]
+        drawn = self._rng.sample(candidates, len(candidates) if n > 1 else min(2, len(candidates)))
+        timed = [(t, m) for m in drawn if (t := m.finish_s) is not None]
         mine = None if here is None else finish_s(local)
-        rates = [m.capacity.get("rate", 0.0) for m in pair]
+        rates = [m.capacity.get("rate", 0.0) for m in drawn]
         rates += [] if here is None else [local.get("rate", 0.0)]
-        if (len(timed) == len(pair) and (here is None or mine is not None)
+        if (len(timed) == len(drawn) and (here is None or mine is not None)
                 and max(rates) >= SPEEDS_DIFFER * min(rates)):
             when, best = min(timed, key=lambda tm: tm[0])
             return best if mine is None or when <= mine else None
-        best = max(pair, key=lambda m: m.headroom)
+        best = max(drawn, key=lambda m: m.headroom)
         return best if here is None or best.headroom >= here else None

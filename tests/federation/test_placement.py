@@ -44,6 +44,34 @@ def test_power_of_two_choices_never_picks_the_worst_of_three():
     assert picks["b"] == 0 and picks["d"] > picks["c"] > 0
 
 
+def test_a_request_of_several_samples_is_compared_against_every_peer():
+    """Two choices leave about one request's worth of imbalance per node; for a group
+    (n > 1) that is the group's size, so a group goes to the roomiest peer of all."""
+    p = Placement(rng=random.Random(2))
+    peers = [peer("b", 1), peer("c", 5), peer("d", 9)]
+    assert {p.choose(Cap(free_slots=0)(), peers, n=4).node_id for _ in range(100)} == {"d"}
+    assert p.choose(Cap(free_slots=0)(), peers, n=1) is not None  # one sample: two choices
+
+
+async def test_a_batch_of_groups_spreads_evenly_over_equal_peers(autojump_clock):
+    """32 groups of 4 placed by one front on 8 equal members (4 workers each), faster than
+    any report: 4 groups each. With two choices, such bursts often left one member 5 groups
+    and another 3 (bench/federation.py --load batch: every one of four)."""
+    async with open_cluster() as c:
+        names = [f"n{i}" for i in range(8)]
+        nodes = [await c.start(name, cap=Cap(free_slots=4, slots=4)) for name in names]
+        await c.wait_converged()
+        await trio.sleep(1.5)  # everyone has everyone's current capacity
+        front = nodes[0]
+        held = Counter(dict.fromkeys(names, 0))
+        for _ in range(32):
+            mine = held["n0"]
+            here = Cap(free_slots=max(0, 4 - mine), in_flight=mine, slots=4)()
+            chosen = front.fed.place(here, n=4)
+            held[chosen.node_id if chosen is not None else "n0"] += 4
+        assert sorted(held.values()) == [16] * 8, held
+
+
 def test_full_cluster_forwards_ties_and_shorter_queues_and_keeps_longer_ones():
     p = Placement(rng=random.Random(3))
     local = Cap(free_slots=0, queued=4)()
