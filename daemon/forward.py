@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 #: Connect quickly (a dead peer should not stall a submit); reads last as long as a rollout.
 TIMEOUT = httpx.Timeout(connect=3.0, read=None, write=30.0, pool=10.0)
 POLL_INTERVAL_S = 1.0
+PREFETCH_PATH = "/v1/federation/prefetch"
 #: While a peer's stream is open, the results it has not delivered are swept for (a safety
 #: net: no run has yet found one it missed), first after SWEEP_S, then twice as long after
 #: each sweep, at most SWEEP_MAX_S apart. A sweep asks the peer's listing for the statuses
@@ -264,6 +265,17 @@ class Forwarder:
             error=ErrorInfo(stage="forward", type="peer_lost", message=message),
         )
         return traj
+
+    async def prefetch(self, node_id: str, images: list[str]) -> None:
+        """Ask peer ``node_id`` to fetch ``images`` ahead (it is their home): best effort, an
+        error is logged and forgotten (the peer fetches an image when it needs it anyway)."""
+        try:
+            member = self._member(node_id)
+            resp = await self._client().post(member.url + PREFETCH_PATH, json={"images": images},
+                                             timeout=LOOKUP_TIMEOUT)
+            resp.raise_for_status()
+        except (httpx.HTTPError, PeerUnavailable) as exc:
+            log.info("asking %s to prefetch %s failed: %r", node_id, images, exc)
 
     # ---- lookups --------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ import trio
 from rolloutd.daemon.batch import Batch, BatchRequest
 from rolloutd.daemon.errors import BadRequest, NotFound, ServiceUnavailable
 from rolloutd.daemon.forward import Forwarder, PeerAnswer, PeerTrajectory, PeerUnavailable
-from rolloutd.daemon.images import task_images
+from rolloutd.daemon.images import PrefetchRequest, task_images
 from rolloutd.daemon.jobs import Job, RolloutFilter
 from rolloutd.daemon.journal import Journal, JournalError
 from rolloutd.daemon.sampling import Sampler
@@ -60,12 +60,14 @@ class Front:
         *,
         intake: Callable[..., Submitted],
         renderer: Callable[[], Callable[[], Awaitable[ChatRenderer]] | None] = lambda: None,
+        prefetch: Callable[[list[dict[str, Any]]], None] = lambda tasks: None,
     ) -> None:
         self.service = service
         self.sampler = sampler
         self.journal = journal
         self._intake = intake
         self._renderer = renderer
+        self._prefetch = prefetch
         self.federation: Federation | None = None
         self.forwarder: Forwarder | None = None
         self.stealer: Stealer | None = None
@@ -341,6 +343,30 @@ class Front:
         if self.stealer is None:
             raise NotFound("federation is not enabled on this daemon")
         return self.stealer
+
+    def prefetch_ahead(self, tasks: list[dict[str, Any]]) -> None:
+        """Fetch the images of coming tasks (a batch's next groups) where they will run: here
+        without federation; with it, on each image's homes (this node, if it is one; a
+        peer, asked with ``POST /v1/federation/prefetch``), where placement sends them."""
+        if self.federation is None or self.forwarder is None or self._nursery is None:
+            self._prefetch(tasks)
+            return
+        here: list[dict[str, Any]] = []
+        for image in task_images(tasks):
+            for node_id in self.federation.image_homes(image):
+                if node_id == self.federation.node_id:
+                    here.append({"image": image})
+                else:
+                    self._nursery.start_soon(self.forwarder.prefetch, node_id, [image])
+        self._prefetch(here)
+
+    async def prefetch(self, req: PrefetchRequest) -> dict[str, Any]:
+        """A peer asks this node, a home of ``req.images``, to fetch them ahead."""
+        if self.federation is None:
+            raise NotFound("federation is not enabled on this daemon")
+        self._prefetch([{"image": image} for image in req.images])
+        await trio.lowlevel.checkpoint()
+        return {"prefetching": len(req.images)}
 
     async def gossip(self, read_payload: Callable[[], Awaitable[Any]]) -> dict[str, Any]:
         """Answer a peer's gossip, read by ``read_payload`` once federation is known to be on

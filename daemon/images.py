@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import trio
 from pydantic import BaseModel, ConfigDict, Field
@@ -65,6 +65,16 @@ class ImageImport(BaseModel):
         "docs/sandbox.md)."))
     name: str | None = Field(None, min_length=1, max_length=512,
                              description="A name to find the image by later.")
+
+
+class PrefetchRequest(BaseModel):
+    """``POST /v1/federation/prefetch``: a peer that holds a batch asks this daemon, a home of
+    these images, to fetch them ahead of the groups it will place here (answered at once)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    images: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
+        min_length=1, max_length=256, description="Image refs, as tasks name them.")
 
 
 class ImageGc(BaseModel):

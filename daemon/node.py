@@ -43,7 +43,7 @@ from rolloutd.daemon.backends import Backends
 from rolloutd.daemon.config import Settings
 from rolloutd.daemon.forward import Forwarder
 from rolloutd.daemon.front import Front
-from rolloutd.daemon.images import Images, task_images
+from rolloutd.daemon.images import Images
 from rolloutd.daemon.jobs import Job, new_id
 from rolloutd.daemon.journal import Journal
 from rolloutd.daemon.logs import redact
@@ -107,6 +107,7 @@ class Node:
             settings.state_dir / "journal.sqlite3", boot_id=self.boot_id, ttl_s=settings.result_ttl_s
         )
         self.front = Front(self.service, self.sampler, self.journal, intake=self.submit,
+                           prefetch=self.images.prefetch,
                            renderer=lambda: self.services.renderer)
         self.backends = Backends(settings, lambda: self.services.pool)
         #: which engine serves the embedded model ("vllm" or "transformers"; None: none served)
@@ -154,12 +155,8 @@ class Node:
         return self.front.submit_group(req, batch_id=batch_id)
 
     def _prefetch_ahead(self, tasks: list[dict[str, Any]]) -> None:
-        """The sampler's prefetch of a coming group's image: with federation, only of the
-        images this node is a home of (placement sends the others' groups elsewhere)."""
-        federation = self.federation
-        if federation is not None:
-            tasks = [t for t in tasks if all(map(federation.is_image_home, task_images([t])))]
-        self.images.prefetch(tasks)
+        """The sampler's prefetch of coming groups' images, where the front will place them."""
+        self.front.prefetch_ahead(tasks)
 
     def follow(self, jobs: list[Job], *, prefetch: bool = True) -> None:
         """Journal new jobs and observe them when they end (metrics: only the ones run here,

@@ -176,11 +176,11 @@ class Federation:
         m = self._peers.get(node_id)
         return m.copy() if m is not None else None
 
-    def is_image_home(self, image: str) -> bool:
-        """Whether this node is one of ``image``'s homes (``image_homes``) among itself and
-        the peers that accept work: where placement sends the tasks with that image first."""
+    def image_homes(self, image: str) -> list[str]:
+        """``image``'s homes (``image_homes``) among this node and the peers that accept work:
+        where placement sends the tasks with that image first."""
         ids = [m.node_id for m in self._peers.values() if m.accepts_work] + [self.node_id]
-        return self.node_id in image_homes(image, ids)
+        return image_homes(image, ids)
 
     def peers(self) -> list[Member]:
         """Copies of every other known member, in any state."""

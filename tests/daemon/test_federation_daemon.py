@@ -571,3 +571,45 @@ async def test_a_batch_group_on_a_peer_that_dies_is_filtered_never_rerun(tmp_pat
         assert executed(front) == 0  # not re-run on the front
         await c.cancel_batch(batch["id"])
     front.request_stop()
+
+
+async def test_a_batch_asks_the_homes_of_a_coming_groups_image_to_fetch_it_ahead(tmp_path, nursery):
+    """One group at a time: while the first runs (no image), the sampler prefetches the next
+    prompt's image, which lives on the two peers: the front asks them (POST
+    /v1/federation/prefetch) and fetches nothing itself. The batch is cancelled before that
+    group starts, so only the ask can have made the peers try. (The ref names no real image:
+    each try fails, and is counted.)"""
+    cluster = await start_cluster(tmp_path, nursery, stealing=False)
+    front = cluster[0][0]
+    names = [node.node_id for node, _ in cluster]
+    image = next(f"oci:/images/task{i}:latest" for i in range(1000)
+                 if front.node_id not in image_homes(f"oci:/images/task{i}:latest", names))
+    prompts = [mixed_prompt(60), mixed_prompt(0.05, image=image)]
+    async with AsyncClient(front.urls[0], token="fedtok") as c:
+        batch = await c.create_batch(prompts, group_size=2, keep=2, max_in_flight_groups=1)
+        peers = [node for node, _ in cluster if node is not front]
+        with trio.fail_after(10):
+            while not all(p.images.statistics()["prefetch_failed"] for p in peers):
+                await trio.sleep(0.05)
+        assert (await c.batch_status(batch["id"]))["tried"] == 1  # the image's group never started
+        await c.cancel_batch(batch["id"])
+    assert front.images.statistics()["prefetch_failed"] == 0
+    for node, _ in cluster:
+        node.request_stop()
+
+
+async def test_the_prefetch_route_answers_bad_input_with_a_clear_4xx(tmp_path, nursery):
+    cluster = await start_cluster(tmp_path, nursery, n=2)
+    peer = cluster[1][0]
+    async with httpx.AsyncClient(base_url=peer.urls[0], headers=auth_headers("fedtok")) as http:
+        for body in ({}, {"images": []}, {"images": [""]}, {"images": ["x"], "more": 1},
+                     {"images": ["x"] * 257}):
+            resp = await http.post("/v1/federation/prefetch", json=body)
+            assert resp.status_code in (400, 422) and "error" in resp.json(), (body, resp.text)
+        resp = await http.post("/v1/federation/prefetch", json={"images": ["oci:/nowhere:1"]})
+        assert resp.status_code == 202 and resp.json() == {"prefetching": 1}
+    async with httpx.AsyncClient(base_url=peer.urls[0]) as http:  # no token
+        resp = await http.post("/v1/federation/prefetch", json={"images": ["oci:/nowhere:1"]})
+        assert resp.status_code == 401
+    for node, _ in cluster:
+        node.request_stop()
