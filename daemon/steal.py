@@ -24,8 +24,9 @@ accepted on the daemon that holds the batch, and one that placement sends to a p
 would a client's submit, an image's homes first) is handed over at once, whether or not
 work stealing is on. The groups placed on one peer in one scheduling step go in one
 request. Either way, the results of every rollout handed over to one peer come back
-through one relay (a stream of the peer's), begun again with the new ones whenever more are
-handed over, so a batch of hundreds of groups holds one connection per peer, not one per group.
+through one relay (a stream of the peer's), begun again with the new ones a quarter second
+after more are handed over, so a batch of hundreds of groups holds one connection per peer,
+not one per group.
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ STEAL_TIMEOUT = httpx.Timeout(connect=2.0, read=20.0, write=10.0, pool=5.0)
 ADOPT_TIMEOUT = httpx.Timeout(connect=2.0, read=10.0, write=10.0, pool=5.0)
 #: Bound on cancelling, at shutdown, what a thief still runs for us.
 CANCEL_TIMEOUT_S = 2.0
+#: A peer's relay begins again with the rollouts handed over since it began this long after
+#: the first of them (the old stream delivers meanwhile): a batch that hands a group to a
+#: peer every few milliseconds costs that peer a new stream a quarter second, not one a group.
+RELAY_MERGE_S = 0.25
 
 
 class StealRequest(BaseModel):
@@ -305,8 +310,9 @@ class Stealer:
 
     async def _relay(self, node_id: str, waiting: dict[str, Job]) -> None:
         """End each job handed over to ``node_id`` with its trajectory there, as it finishes:
-        one relay for all of them, begun again (with those not yet delivered) when more are
-        handed over; a result that finished meanwhile comes at once in the new one."""
+        one relay for all of them, begun again (with those not yet delivered) ``RELAY_MERGE_S``
+        after more are handed over; a result that finished meanwhile comes at once in the new
+        one."""
         try:
             while waiting:
                 more = self._more[node_id] = trio.Event()
@@ -358,6 +364,7 @@ class Stealer:
 
 async def _cancel_when(event: trio.Event, scope: trio.CancelScope) -> None:
     await event.wait()
+    await trio.sleep(RELAY_MERGE_S)
     scope.cancel()
 
 
