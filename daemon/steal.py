@@ -225,10 +225,12 @@ class Stealer:
             self._outbox[member.node_id] = (queued[0], queued[1] + jobs, queued[2] + debit)
 
     async def _send_placed(self, node_id: str) -> None:
-        await trio.lowlevel.checkpoint()  # the groups placed in the step that started this
-        member, jobs, debit = self._outbox.pop(node_id)
         taken = 0
-        with trio.CancelScope(shield=True):  # bounded (ADOPT_TIMEOUT, twice, per request)
+        # Shielded, as ``give`` is (bounded: ADOPT_TIMEOUT, twice, per request): withdrawn
+        # jobs are handed over or queued here again, also when the daemon stops meanwhile.
+        with trio.CancelScope(shield=True):
+            await trio.lowlevel.checkpoint()  # the groups placed in the step that started this
+            member, jobs, debit = self._outbox.pop(node_id)
             for i in range(0, len(jobs), MAX_STEAL):
                 chunk = jobs[i:i + MAX_STEAL]
                 moved, at = await self._hand_over(member, chunk, placed=True)

@@ -34,7 +34,7 @@ import trio
 
 from ._exceptions import GossipPayloadError, PeerAuthError, PeerError
 from ._member import Member, MemberState
-from ._placement import Placement, image_homes
+from ._placement import Placement, homes_among, local_headroom
 from ._settings import GossipSettings
 from ._wire import (
     GOSSIP_PATH,
@@ -177,10 +177,11 @@ class Federation:
         return m.copy() if m is not None else None
 
     def image_homes(self, image: str) -> list[str]:
-        """``image``'s homes (``image_homes``) among this node and the peers that accept work:
-        where placement sends the tasks with that image first."""
-        ids = [m.node_id for m in self._peers.values() if m.accepts_work] + [self.node_id]
-        return image_homes(image, ids)
+        """``image``'s homes as placement's rule 0 sees them now: among the peers that
+        accept work, and this node when it does."""
+        here = local_headroom(check_capacity(self._capacity()))
+        return homes_among(image, self._peers.values(), self.node_id,
+                           local_accepts=here is not None)
 
     def peers(self) -> list[Member]:
         """Copies of every other known member, in any state."""
@@ -210,7 +211,8 @@ class Federation:
 
         `local` is this node's capacity now (default: ask the capacity callback); `n`, the
         request's samples; `image`, its task's image ref (its homes come first). Power of
-        two choices over the peers' headroom (see Placement).
+        two choices over the peers' headroom, every peer for a request of several samples
+        (see Placement).
         The chosen peer's headroom is debited by `n` until a capacity report of it counts
         them (see forwarded()), so a burst spreads out instead of piling on the peer that
         looked emptiest. Never call it for a request that carries

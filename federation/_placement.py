@@ -31,6 +31,14 @@ def image_homes(image: str, node_ids: Iterable[str], k: int = IMAGE_HOMES) -> li
     return sorted(set(node_ids), key=weight, reverse=True)[:k]
 
 
+def homes_among(image: str, peers: Iterable[Member], local_id: str, *,
+                local_accepts: bool) -> list[str]:
+    """``image``'s homes among the ``peers`` that accept work and this node (``local_id``,
+    when it accepts work): what rule 0 places by, and where a batch warms the image."""
+    ids = [m.node_id for m in peers if m.accepts_work] + ([local_id] if local_accepts else [])
+    return image_homes(image, ids)
+
+
 def local_headroom(local: Capacity) -> int | None:
     """This node's headroom (see ``headroom`` in _wire.py); None when it takes no work
     (draining, no backend)."""
@@ -88,8 +96,7 @@ class Placement:
         here = local_headroom(local)
         candidates = [m for m in peers if m.accepts_work]
         if image:
-            ids = [m.node_id for m in candidates] + ([local_id] if here is not None else [])
-            homes = image_homes(image, ids)
+            homes = homes_among(image, candidates, local_id, local_accepts=here is not None)
             if here is not None and here > 0 and local_id in homes:
                 self.image_home += 1
                 return None
