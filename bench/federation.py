@@ -9,7 +9,8 @@ through their seeds. Every rollout is submitted to one daemon, the front, which 
 forwards it, and every result is streamed back through the front. The daemons run with
 their default settings (gossip, placement; work stealing is off by default) but for the
 slots, the backend and the sandboxes; ``--stealing on|off`` writes ``work_stealing`` (only
-where the daemon has that setting) and ``--gossip-interval-s`` sets the gossip interval.
+where the daemon has that setting), ``--gossip-udp on|off`` writes ``gossip_udp`` (gossip in
+datagrams, on by default) and ``--gossip-interval-s`` sets the gossip interval.
 
 Workload: each rollout is a ``code`` task on the real agent path. INIT starts a bwrap
 sandbox. RUN is the agent loop: the LLM backend is the *scripted* backend, a TEST DOUBLE,
@@ -153,7 +154,8 @@ def stage_slots(n_run: int, scale: int = 1) -> tuple[int, int, int]:
 
 
 def daemon_config(slots: tuple[int, int, int], latency_s: float, stealing: bool | None,
-                  gossip_interval_s: float | None, log_level: str = "warning") -> str:
+                  gossip_interval_s: float | None, log_level: str = "warning",
+                  gossip_udp: bool | None = None) -> str:
     """The daemons' TOML; settings not named here keep the daemon's defaults."""
     n_init, n_run, n_eval = slots
     lines = [
@@ -169,6 +171,8 @@ def daemon_config(slots: tuple[int, int, int], latency_s: float, stealing: bool 
         lines.append(f"gossip_interval_s = {gossip_interval_s}")
     if stealing is not None:
         lines.append(f"work_stealing = {'true' if stealing else 'false'}")
+    if gossip_udp is not None:
+        lines.append(f"gossip_udp = {'true' if gossip_udp else 'false'}")
     lines += [
         "",
         "[[backends]]",
@@ -1082,7 +1086,8 @@ async def bench(args: argparse.Namespace) -> None:
 
     def config(slots: tuple[int, int, int]) -> str:
         return daemon_config(slots, args.latency_s, args.stealing, args.gossip_interval_s,
-                             "info" if args.keep_logs else "warning")
+                             "info" if args.keep_logs else "warning",
+                             None if args.gossip_udp == "default" else args.gossip_udp == "on")
 
     fleet = Fleet(net, budgets, args.keep_logs)
     budgets.make(n_daemons)
@@ -1236,6 +1241,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="bursts per size and for the control; the median one (by rollouts/s) stands")
     p.add_argument("--stealing", choices=("default", "on", "off"), default="default",
                    help="work_stealing in the daemons' config: the daemon's default (off), on or off")
+    p.add_argument("--gossip-udp", choices=("default", "on", "off"), default="default",
+                   help="gossip_udp in the daemons' config: the daemon's default (on), on or off")
     p.add_argument("--gossip-interval-s", type=float, default=None,
                    help="the daemons' gossip interval (default: the daemon's default)")
     p.add_argument("--burst-timeout-s", type=float, default=180,

@@ -122,6 +122,8 @@ def _backend_metrics(backends: list[dict[str, Any]]) -> Iterator[Metric]:
 _FEDERATION_COUNTERS = (
     (("gossip", "rounds"), "gossip_rounds", "Gossip rounds this daemon started"),
     (("gossip", "exchanges"), "gossip_exchanges", "Gossip exchanges this daemon started that succeeded"),
+    (("gossip", "datagram_exchanges"), "gossip_datagram_exchanges",
+     "Gossip exchanges this daemon started that went over UDP (the rest went over HTTP)"),
     (("gossip", "answered"), "gossip_answered", "Gossip exchanges peers started with this daemon"),
     (("gossip", "failures"), "gossip_failures", "Gossip exchanges that failed (unreachable, timeout, bad answer)"),
     (("gossip", "auth_failures"), "gossip_auth_failures",

@@ -32,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import trio
 from hypercorn.config import Config as HyperConfig
@@ -419,6 +420,13 @@ class Node:
             options["apptainer"] = s.apptainer_binary
         return options
 
+    def _datagram_bind(self) -> tuple[str, int] | None:
+        """Where gossip datagrams are received: the HTTP listener's host and (bound) port."""
+        if not self.settings.gossip_udp or not self.urls:
+            return None
+        port = urlsplit(self.urls[0]).port
+        return (self.settings.host, port) if port else None
+
     async def _start_federation(self, nursery: trio.Nursery) -> None:
         seeds = list(self.settings.seeds)
         if self.settings.slurm_seeds:
@@ -440,6 +448,7 @@ class Node:
             capacity=self.capacity,  # type: ignore[arg-type]
             token=self.token,
             **dataclasses.asdict(self.settings.gossip),
+            datagram_bind=self._datagram_bind(),
             on_dead=on_dead,
             on_rejoin=on_rejoin,
         )

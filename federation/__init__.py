@@ -6,6 +6,7 @@ run, and forwards it itself with `forward_headers(token)`.
 """
 
 from ._exceptions import (
+    DatagramError,
     DuplicateJobError,
     FederationError,
     FederationSettingError,
@@ -55,6 +56,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "TOOK_AT_HEADER",
     "Capacity",
+    "DatagramError",
     "DuplicateJobError",
     "Federation",
     "FederationError",

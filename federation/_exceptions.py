@@ -3,7 +3,8 @@
     FederationError
     ├── GossipPayloadError    a gossip payload we received is malformed (the route answers 400)
     ├── PeerError             a call to a peer failed (unreachable, timeout, bad answer)
-    │   └── PeerAuthError     the peer refused our token (401/403)
+    │   ├── PeerAuthError     the peer refused our token (401/403)
+    │   └── DatagramError     a gossip datagram could not be exchanged (the exchange uses HTTP)
     ├── DuplicateJobError     a job id is already tracked as forwarded (never two live copies)
     ├── FederationSettingError  a gossip setting is out of range or inconsistent with another
     └── SlurmError            the Slurm allocation could not be read (slurm_seeds)
@@ -32,6 +33,16 @@ class PeerError(FederationError):
 
 class PeerAuthError(PeerError):
     """The peer refused our token (HTTP 401 or 403)."""
+
+
+class DatagramError(PeerError):
+    """A gossip exchange over UDP did not happen (no socket or address, too large, refused,
+    unreadable): the exchange is tried over HTTP instead. ``nonce``: of the datagram, when
+    one was read (the receiver answers it REFUSED)."""
+
+    def __init__(self, message: str, *, nonce: bytes | None = None, peer: str = "") -> None:
+        super().__init__(message, peer=peer)
+        self.nonce = nonce
 
 
 class DuplicateJobError(FederationError, KeyError):

@@ -7,7 +7,9 @@ rejoins); each peer merges the table and answers with its own, which the sender 
 turn (push-pull). An exchange a peer started with us since our last round counts towards
 our `fanout` (it synced both tables as ours would have): we contact `fanout` minus those, at
 least one. So every member still takes part in about `fanout` exchanges a round, with half
-the requests of everyone contacting `fanout` (the HTTP of gossip is what it costs).
+the requests of everyone contacting `fanout` (the HTTP of gossip is what it costs). With a
+datagram address (`datagram_bind`, the daemon's own host and port) an exchange goes in one
+UDP datagram each way (`_datagram`), and over HTTP only when a peer does not answer one.
 
 Merging compares (incarnation, heartbeat, state rank): only the owner advances its
 heartbeat, so a newer version is proof of life and makes the member ALIVE again. A member
@@ -32,7 +34,8 @@ from typing import Any, Literal
 import httpx
 import trio
 
-from ._exceptions import GossipPayloadError, PeerAuthError, PeerError
+from ._datagram import GossipSocket
+from ._exceptions import DatagramError, GossipPayloadError, PeerAuthError, PeerError
 from ._member import Member, MemberState
 from ._placement import Placement, homes_among, local_headroom
 from ._settings import GossipSettings
@@ -54,6 +57,7 @@ MemberCallback = Callable[[Member], Awaitable[None]]
 _JITTER = 0.1  # each sleep is gossip_interval_s * (1 +- _JITTER), so members do not sync up
 _LEAVE_TIMEOUT_S = 1.0  # bound on the LEFT announcement at shutdown
 _CLOSE_TIMEOUT_S = 1.0
+_HTTP_ONLY_S = 60.0  # a peer that answered HTTP but not a datagram gets HTTP this long
 _DEFAULTS = GossipSettings()
 
 
@@ -61,6 +65,7 @@ _DEFAULTS = GossipSettings()
 class FederationStatistics:
     rounds: int  # gossip rounds started
     exchanges: int  # push-pull exchanges this node started that succeeded
+    datagram_exchanges: int  # of those, the ones that went over UDP (the rest over HTTP)
     answered: int  # exchanges peers started with this node
     failures: int  # exchanges that failed (unreachable, timeout, bad answer)
     auth_failures: int  # exchanges a peer refused (401/403)
@@ -79,7 +84,9 @@ class Federation:
     task, and an exception from one propagates out of `run()` (a daemon bug). The gossip
     settings must make a valid GossipSettings (else FederationSettingError). `transport`
     replaces the HTTP transport of the one httpx.AsyncClient that `run()` owns (tests route
-    it in-process); the Federation closes it.
+    it in-process); the Federation closes it. `datagram_bind` (host, port): where `run()`
+    listens for gossip datagrams and sends its own from (the port of this node's URL, over
+    UDP); None gossips over HTTP only.
     """
 
     def __init__(
@@ -96,6 +103,7 @@ class Federation:
         dead_after_s: float = _DEFAULTS.dead_after_s,
         request_timeout_s: float = _DEFAULTS.request_timeout_s,
         transport: httpx.AsyncBaseTransport | None = None,
+        datagram_bind: tuple[str, int] | None = None,
         on_dead: MemberCallback | None = None,
         on_rejoin: MemberCallback | None = None,
         incarnation: int | None = None,
@@ -118,6 +126,9 @@ class Federation:
         self._token = token or None
         self._gossip = gossip
         self._transport = transport
+        self._datagram_bind = datagram_bind
+        self._datagrams: GossipSocket | None = None
+        self._http_only: dict[str, float] = {}  # url -> until when its exchanges use HTTP
         self._on_dead = on_dead
         self._on_rejoin = on_rejoin
         self._rng = rng or random.Random()
@@ -134,6 +145,7 @@ class Federation:
         self._started = False
         self._leaving = False
         self._rounds = self._exchanges = self._failures = self._answered = 0
+        self._datagram_exchanges = 0
         self._auth_failures = self._refutations = 0
 
     # ---- reading -------------------------------------------------------------------------
@@ -194,6 +206,7 @@ class Federation:
         return FederationStatistics(
             rounds=self._rounds,
             exchanges=self._exchanges,
+            datagram_exchanges=self._datagram_exchanges,
             answered=self._answered,
             failures=self._failures,
             auth_failures=self._auth_failures,
@@ -275,6 +288,7 @@ class Federation:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._dispatch_events)
+                await self._open_datagrams(nursery)
                 self._tick()
                 async with trio.open_nursery() as first:  # the first round, awaited
                     for url in self._targets():
@@ -298,6 +312,20 @@ class Federation:
                 await self._leave(client)
             with trio.move_on_after(_CLOSE_TIMEOUT_S, shield=True):
                 await client.aclose()
+
+    async def _open_datagrams(self, nursery: trio.Nursery) -> None:
+        if self._datagram_bind is None:
+            return
+        sock = GossipSocket(self._token, self.handle_gossip)
+        host, port = self._datagram_bind
+        try:
+            await nursery.start(sock.run, host, port)
+        except OSError as exc:
+            log.warning("federation: no gossip datagrams on %s port %d (%s); gossiping over HTTP",
+                        host, port, exc)
+            return
+        self._datagrams = sock
+        self._me.datagrams = True  # our record says so from the first round on
 
     def _tick(self) -> None:
         """One heartbeat: advance our version, refresh capacity, update suspicions."""
@@ -334,7 +362,7 @@ class Federation:
         self._in_flight.add(url)
         try:
             with trio.move_on_after(self._gossip.request_timeout_s) as scope:
-                records = await self._post(client, url, self._payload())
+                records = await self._push_pull(client, url, self._payload())
                 self._merge(records, trio.current_time())
                 self._exchanges += 1
                 self._warned.discard(url)
@@ -349,6 +377,35 @@ class Federation:
             log.debug("federation: gossip to %s failed: %s", url, exc)
         finally:
             self._in_flight.discard(url)
+
+    async def _push_pull(
+        self, client: httpx.AsyncClient, url: str, payload: dict[str, Any]
+    ) -> list[MemberRecord]:
+        """One exchange's answer: by datagram when this node has a socket, the peer's record
+        says it has one (so a seed not met yet, or an older member, gets HTTP), and `url` has
+        not been put on HTTP lately, given half the exchange's time; else, or when that
+        fails, over HTTP. A peer that then answers HTTP gets HTTP for `_HTTP_ONLY_S` (UDP
+        blocked on the way, or lost)."""
+        sock, now = self._datagrams, trio.current_time()
+        if (sock is None or self._http_only.get(url, 0.0) > now
+                or not any(m.url == url and m.datagrams for m in self._peers.values())):
+            return await self._post(client, url, payload)
+        answer: Any = None
+        with trio.move_on_after(self._gossip.request_timeout_s / 2):
+            try:
+                answer = await sock.exchange(url, payload)
+            except DatagramError as exc:
+                log.debug("federation: gossip datagram to %s: %s", url, exc)
+        if answer is not None:
+            records = parse_payload(answer)
+            self._datagram_exchanges += 1
+            return records
+        records = await self._post(client, url, payload)
+        if url not in self._http_only:
+            log.info("federation: %s answers gossip over HTTP, not UDP; using HTTP with it "
+                     "(UDP is tried again every %g s)", url, _HTTP_ONLY_S)
+        self._http_only[url] = trio.current_time() + _HTTP_ONLY_S
+        return records
 
     async def _post(
         self, client: httpx.AsyncClient, url: str, payload: dict[str, Any]
@@ -434,6 +491,7 @@ class Federation:
                 capacity=r["capacity"],
                 updated_at=r["updated_at"],
                 state=state,
+                datagrams=r.get("datagrams", False),
                 last_heard=now,
             )
             log.info("federation: met %s at %s (%s)", r["node_id"], r["url"], state.value)
@@ -446,6 +504,7 @@ class Federation:
             m.reported(r["incarnation"], r["heartbeat"])  # what its report counts of ours
         m.url, m.incarnation, m.heartbeat = r["url"], r["incarnation"], r["heartbeat"]
         m.capacity, m.updated_at, m.state = r["capacity"], r["updated_at"], state
+        m.datagrams = r.get("datagrams", False)
         self._changed(m, before)
 
     def _refute(self, r: MemberRecord) -> None:

@@ -53,6 +53,8 @@ class Member:
     updated_at: float = 0.0
     """The member's own wall clock (time.time()) at its last heartbeat."""
     state: MemberState = MemberState.ALIVE
+    datagrams: bool = False
+    """It answers gossip datagrams on its URL's port (UDP): it says so in its record."""
     last_heard: float = 0.0
     """This node's trio clock when the member's version last advanced."""
     in_flight: int = 0
@@ -106,6 +108,7 @@ class Member:
             capacity=Capacity(**self.capacity),
             updated_at=self.updated_at,
             state=self.state.value,
+            datagrams=self.datagrams,
         )
 
     def to_dict(self, *, now: float, is_self: bool = False) -> dict[str, Any]:
@@ -128,6 +131,7 @@ class Member:
             capacity=Capacity(**self.capacity),
             updated_at=self.updated_at,
             state=self.state,
+            datagrams=self.datagrams,
             last_heard=self.last_heard,
             in_flight=self.in_flight,
             unreported=list(self.unreported),

@@ -82,6 +82,7 @@ class MemberRecord(TypedDict):
     capacity: Capacity
     updated_at: float  # the owner's wall clock (time.time()) at its last heartbeat
     state: str  # one of STATES
+    datagrams: NotRequired[bool]  # it answers gossip datagrams (absent: an older member, no)
 
 
 _CAPACITY_INTS: Final = ("free_slots", "queued", "in_flight", "healthy_backends")
@@ -156,6 +157,9 @@ def _parse_record(raw: Any, index: int) -> MemberRecord:
         raise GossipPayloadError(f"{where}.updated_at must be a number")
     if not math.isfinite(updated_at):
         raise GossipPayloadError(f"{where}.updated_at must be finite")
+    datagrams = raw.get("datagrams", False)
+    if not isinstance(datagrams, bool):
+        raise GossipPayloadError(f"{where}.datagrams must be a boolean")
     return MemberRecord(
         node_id=node_id,
         url=normalize_url(url),
@@ -164,6 +168,7 @@ def _parse_record(raw: Any, index: int) -> MemberRecord:
         capacity=check_capacity(raw.get("capacity"), what=f"{where}.capacity"),
         updated_at=float(updated_at),
         state=state,
+        datagrams=datagrams,
     )
 
 

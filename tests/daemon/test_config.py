@@ -86,10 +86,12 @@ GOSSIP_KEYS = ("gossip_interval_s", "fanout", "suspect_after_s", "dead_after_s",
 def test_every_documented_federation_setting_is_accepted(tmp_path: Path, repo_root: Path):
     table = (repo_root / "docs" / "federation.md").read_text().split("## Settings", 1)[1]
     documented = [line.split("`")[1] for line in table.splitlines() if line.startswith("| `")]
-    assert set(documented) == {*GOSSIP_KEYS, "work_stealing", "steal_interval_s"}
-    on = load_settings(environ={"ROLLOUTD_WORK_STEALING": "true", "ROLLOUTD_STEAL_INTERVAL_S": "0.5"})
-    assert (on.work_stealing, on.steal_interval_s) == (True, 0.5)
+    assert set(documented) == {*GOSSIP_KEYS, "work_stealing", "steal_interval_s", "gossip_udp"}
+    on = load_settings(environ={"ROLLOUTD_WORK_STEALING": "true", "ROLLOUTD_STEAL_INTERVAL_S": "0.5",
+                                "ROLLOUTD_GOSSIP_UDP": "false"})
+    assert (on.work_stealing, on.steal_interval_s, on.gossip_udp) == (True, 0.5, False)
     assert load_settings(environ={}).work_stealing is False
+    assert load_settings(environ={}).gossip_udp is True
     cfg = tmp_path / "fed.toml"
     cfg.write_text("gossip_interval_s = 0.5\nfanout = 5\nsuspect_after_s = 3\ndead_after_s = 9\n")
     s = load_settings(cfg, environ={"ROLLOUTD_REQUEST_TIMEOUT_S": "0.75"})

@@ -172,14 +172,16 @@ async def test_status_and_metrics_show_gossip_counters_and_members_by_state(tmp_
         fed = (await http.get("/v1/status")).json()["federation"]
         assert fed["states"] == {"alive": 3, "suspect": 0, "dead": 0, "left": 0}
         gossip = fed["gossip"]
-        assert set(gossip) == {"rounds", "exchanges", "answered", "failures", "auth_failures", "refutations"}
+        assert set(gossip) == {"rounds", "exchanges", "datagram_exchanges", "answered", "failures",
+                               "auth_failures", "refutations"}
         assert gossip["rounds"] >= 3 and gossip["exchanges"] >= 1 and gossip["answered"] >= 1
+        assert gossip["datagram_exchanges"] >= 1  # real daemons on loopback gossip over UDP
         assert gossip["auth_failures"] == 0
         metrics = (await http.get("/metrics")).text
     families = {f.name: f for f in text_string_to_metric_families(metrics)}
     members = {s.labels["state"]: s.value for s in families["rolloutd_federation_members"].samples}
     assert members == {"alive": 3, "suspect": 0, "dead": 0, "left": 0}
-    for name in ("gossip_rounds", "gossip_exchanges", "gossip_answered"):
+    for name in ("gossip_rounds", "gossip_exchanges", "gossip_datagram_exchanges", "gossip_answered"):
         (sample,) = [s for s in families[f"rolloutd_federation_{name}"].samples if s.name.endswith("_total")]
         assert sample.value >= 1, name
     for name in ("gossip_auth_failures", "forwarded", "relay_probes", "taken_over", "handed_over"):
@@ -205,6 +207,33 @@ async def test_a_peer_with_another_token_shows_as_refused_gossip(tmp_path, nurse
     async with httpx.AsyncClient(base_url=urls[0], headers=auth_headers("tok-a")) as http:
         gossip = (await http.get("/v1/status")).json()["federation"]["gossip"]
     assert gossip["auth_failures"] >= 1 and gossip["exchanges"] == 0
+    for node in nodes:
+        node.request_stop()
+
+
+async def test_a_daemon_with_gossip_udp_off_federates_over_http(tmp_path, nursery):
+    """gossip_udp = false: that daemon opens no UDP socket and says so in its record, so its
+    peer gossips with it over HTTP from the start, and over UDP with the others."""
+    ports = free_ports(3)
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    nodes = []
+    for i, port in enumerate(ports):
+        settings = make_settings(tmp_path / f"u{i}", port=port, node_id=f"u{i}", url=urls[i], seeds=urls,
+                                 token="fedtok", gossip_interval_s=0.1, gossip_udp=i != 2)
+        node = Node(settings, services=Services())
+        await nursery.start(node.run)
+        nodes.append(node)
+    with trio.fail_after(10):
+        while not all(sum(m["state"] == "alive" for m in n.federation.members()) == 3 for n in nodes):
+            await trio.sleep(0.05)
+    before = [n.federation.statistics().failures for n in nodes]  # seeds not up yet at the start
+    await trio.sleep(0.5)
+    stats = [n.federation.statistics() for n in nodes]
+    assert stats[0].datagram_exchanges + stats[1].datagram_exchanges >= 1
+    assert stats[2].datagram_exchanges == 0 and stats[2].exchanges >= 1
+    rows = {m["node_id"]: m for m in nodes[0].federation.members()}
+    assert (rows["u0"]["datagrams"], rows["u1"]["datagrams"], rows["u2"]["datagrams"]) == (True, True, False)
+    assert [st.failures for st in stats] == before  # no datagram waited on u2 and timed out
     for node in nodes:
         node.request_stop()
 

@@ -75,11 +75,21 @@ async def test_good_gossip_merges_and_answers_our_view():
         "capacity",
         "updated_at",
         "state",
+        "datagrams",
         "last_heard_s",
         "self",
         "capacity_stale",
     }
     assert rows[0]["self"] and not rows[1]["self"]
+    assert rows[1]["datagrams"] is False  # b's record does not say it takes datagrams
+
+
+async def test_a_record_says_whether_its_member_takes_datagrams():
+    fed = Federation("a", "http://a:1/", capacity=Cap())
+    fed.handle_gossip({"protocol": 1, "members": [dict(record(), datagrams=True)]})
+    assert [m.datagrams for m in fed.peers()] == [True]
+    with pytest.raises(GossipPayloadError, match="datagrams"):
+        fed.handle_gossip({"protocol": 1, "members": [dict(record(), datagrams="yes")]})
 
 
 def test_check_token():
