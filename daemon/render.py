@@ -63,8 +63,9 @@ def print_federation(st: Mapping[str, Any], console: Console | None = None) -> N
     if gossip:  # absent from an older daemon
         refused = gossip["auth_failures"]
         console.print(
-            f"gossip: {gossip['rounds']} rounds; {gossip['exchanges']} exchanges started, "
-            f"{gossip['answered']} answered, {gossip['failures']} failed, "
+            f"gossip: {gossip['rounds']} rounds; {gossip['exchanges']} exchanges started"
+            + (f" ({gossip['datagram_exchanges']} over UDP), " if "datagram_exchanges" in gossip else ", ")
+            + f"{gossip['answered']} answered, {gossip['failures']} failed, "
             + (f"[red]{refused} refused (a peer has another token)[/red]" if refused else "0 refused")
             + f"; {gossip['refutations']} refutations")
 
