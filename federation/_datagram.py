@@ -123,7 +123,10 @@ class GossipSocket:
             try:
                 task_status.started(sock.getsockname())
                 while True:
-                    data, addr = await sock.recvfrom(MAX_DATAGRAM + 1)
+                    try:
+                        data, addr = await sock.recvfrom(MAX_DATAGRAM + 1)
+                    except (ConnectionRefusedError, ConnectionResetError):  # an ICMP error
+                        continue  # of a datagram we sent: its exchange times out
                     await self._receive(data, addr)
             finally:
                 self._sock = None
@@ -160,7 +163,7 @@ class GossipSocket:
                                      slot.kind, "the gossip socket closed"))
         try:
             return json.loads(slot.body)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise DatagramError(f"the answer from {url} is not JSON") from exc
 
     async def _address(self, url: str, family: int) -> Any:
@@ -199,7 +202,8 @@ class GossipSocket:
             return
         try:
             answer = self._answer(json.loads(body))
-        except (ValueError, GossipPayloadError):  # not JSON, or not a table: HTTP will say
+        except (ValueError, RecursionError, GossipPayloadError):  # not JSON (or nested past
+            # the parser's depth), or not a table: HTTP will say
             self.refused += 1
             await self._send(seal(self._key, REFUSED, nonce), addr)
             return

@@ -98,6 +98,22 @@ async def test_a_payload_that_is_no_table_is_refused(nursery):
     nursery.cancel_scope.cancel()
 
 
+async def test_json_nested_past_the_parsers_depth_is_refused_not_a_crash(nursery):
+    """A datagram with a valid MAC (so from a holder of the token) whose body nests deeper
+    than Python's json parser recurses: refused, and the socket keeps serving."""
+    a, _ = await start(nursery, "tok", lambda p: {})
+    b, b_url = await start(nursery, "tok", lambda p: {"ok": True})
+    port = int(b_url.rsplit(":", 1)[1])
+    deep = b"[" * 30_000 + b"]" * 30_000
+    with trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:
+        await raw.sendto(seal(datagram_key("tok"), ASK, NONCE, deep), ("127.0.0.1", port))
+        with trio.fail_after(5):
+            assert unseal(b"", await raw.recv(100))[:2] == (REFUSED, NONCE)
+    with trio.fail_after(5):
+        assert await a.exchange(b_url, {}) == {"ok": True}
+    nursery.cancel_scope.cancel()
+
+
 async def test_tables_too_large_for_a_datagram_go_over_http(nursery):
     big = {"members": ["x" * 100] * (MAX_DATAGRAM // 100)}
     a, _ = await start(nursery, "tok", lambda p: {})
