@@ -136,8 +136,8 @@ class Settings(BaseModel):
     suspect_after_s: float = _GOSSIP.suspect_after_s
     dead_after_s: float = _GOSSIP.dead_after_s
     request_timeout_s: float = _GOSSIP.request_timeout_s
-    #: Gossip in UDP datagrams on this daemon's port (HTTP with a peer that does not answer
-    #: them): about a tenth of HTTP's CPU per exchange (docs/federation.md, Gossip).
+    #: Gossip in UDP datagrams on this daemon's port (HTTP with a peer that does not take
+    #: them): a third of HTTP's CPU for membership (docs/federation.md, Datagrams).
     gossip_udp: bool = True
     #: Work stealing: a daemon with free slots and nothing queued takes queued rollouts from
     #: the busiest peer (daemon/steal.py), checking every steal_interval_s. Off by default:
