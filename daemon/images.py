@@ -109,6 +109,8 @@ class Images:
         self._limiter = trio.CapacityLimiter(PREFETCH_CONCURRENCY)
         self._seen: dict[str, None] = {}
         self._figures: dict[str, float | int] = {}  # the store's, refreshed by _refresh
+        self._resolved: dict[str, str] = {}  # ref -> digest, of each prefetch that succeeded
+        self._held: list[str] = []  # refs of stored images, refreshed by _refresh
         self.prefetched = 0
         self.prefetch_failed = 0
         self.prefetching = 0
@@ -125,8 +127,26 @@ class Images:
                 self._nursery = None
 
     async def _refresh(self) -> None:
-        """Re-read the store's counts and sizes (a scan of its records) off the event loop."""
-        self._figures = await trio.to_thread.run_sync(self.store.statistics)
+        """Re-read the store's counts and sizes and the refs it holds (a scan of its
+        records) off the event loop."""
+        resolved = list(self._resolved.items())
+        self._figures, self._held = await trio.to_thread.run_sync(self._read_store, resolved)
+
+    def _read_store(self, resolved: list[tuple[str, str]]) -> tuple[dict[str, float | int], list[str]]:
+        images = self.store.images()
+        stored = {image.digest for image in images}
+        refs = dict.fromkeys(ref for ref, digest in reversed(resolved) if digest in stored)
+        for image in images:
+            refs.update(dict.fromkeys([*image.names, image.source]))
+        return self.store.statistics(), list(refs)
+
+    def held(self) -> list[str]:
+        """The image refs this node holds unpacked, the most recently resolved first: the
+        refs its prefetches resolved (as tasks name them) whose image is still stored, then
+        the names and sources of its store's images. As of the last refresh: every
+        ``FIGURES_EVERY_S``, and after each prefetch, import, removal and gc. What a thief
+        tells a victim when it asks for work (daemon/steal.py)."""
+        return self._held
 
     # ---- the API's operations -------------------------------------------------------
 
@@ -182,8 +202,12 @@ class Images:
         try:
             async with self._limiter:
                 started = time.monotonic()
-                await trio.to_thread.run_sync(self.store.resolve, ref)
+                image = await trio.to_thread.run_sync(self.store.resolve, ref)
             self.prefetched += 1
+            self._resolved.pop(ref, None)
+            self._resolved[ref] = image.digest
+            if len(self._resolved) > PREFETCH_MEMORY:
+                del self._resolved[next(iter(self._resolved))]
             await self._refresh()
             log.info("prefetched image %s in %.1f s", ref, time.monotonic() - started)
         except (ImageError, OSError) as exc:  # INIT reports it on the rollout itself

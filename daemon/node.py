@@ -455,7 +455,7 @@ class Node:
         forwarder = Forwarder(federation, self.token)
         stealer = Stealer(node_id=self.node_id, settings=self.settings, pipeline=self.pipeline,
                           service=self.service, forwarder=forwarder, journal=self.journal,
-                          follow=self.follow)
+                          follow=self.follow, held_images=self.images.held)
         self.front.federation, self.front.forwarder = federation, forwarder
         self.front.stealer = stealer
         await nursery.start(forwarder.run)

@@ -3,9 +3,11 @@ busier peer, exactly once, under their ids.
 
 Every ``steal_interval_s`` a daemon with free slots and nothing queued asks the peer that
 reported the most unstarted rollouts (gossip: ``queued`` plus ``waiting``) for work: ``POST
-/v1/federation/steal {node_id, max}``. That peer (the victim) withdraws up to ``max``, and at
-most half, of its unstarted jobs, those that would start last there: queued ones first, then
-ones through INIT that wait for a RUN worker (a daemon's INIT runs ahead of RUN, so at the
+/v1/federation/steal {node_id, max, images}``, where ``images`` lists the image refs the thief
+holds unpacked. That peer (the victim) withdraws up to ``max``, and at most half, of its
+unstarted jobs, those that would start last there, and of those with an image only the ones
+whose image the thief holds: queued ones first, then ones through INIT that wait for a RUN
+worker (a daemon's INIT runs ahead of RUN, so at the
 end of a burst the work a busy daemon still holds is mostly of that kind). It tears down the
 sandboxes of the latter, records them all as forwarded to the thief, and hands them over:
 ``POST /v1/federation/adopt {origin, rollouts}``; the thief queues them under the same ids
@@ -34,7 +36,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import httpx
 import trio
@@ -61,6 +63,8 @@ STEAL_PATH = "/v1/federation/steal"
 ADOPT_PATH = "/v1/federation/adopt"
 #: The most rollouts one hand-over moves.
 MAX_STEAL = 256
+#: The most image refs a thief lists as held in one ask (the most recently used first).
+MAX_HELD_IMAGES = 1024
 #: A steal asks, and waits for the hand-over it causes; an adopt only queues.
 STEAL_TIMEOUT = httpx.Timeout(connect=2.0, read=20.0, write=10.0, pool=5.0)
 ADOPT_TIMEOUT = httpx.Timeout(connect=2.0, read=10.0, write=10.0, pool=5.0)
@@ -79,6 +83,10 @@ class StealRequest(BaseModel):
 
     node_id: str = Field(min_length=1, max_length=200, description="The asking member.")
     max: int = Field(ge=1, le=MAX_STEAL, description="The most rollouts it takes.")
+    images: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
+        default_factory=list, max_length=MAX_HELD_IMAGES, description=(
+            "Image refs the asking member holds unpacked: a rollout whose task names an "
+            "image is handed to it only when the image is one of these."))
 
 
 class AdoptRequest(BaseModel):
@@ -98,7 +106,8 @@ class Stealer:
 
     def __init__(self, *, node_id: str, settings: Settings, pipeline: Pipeline,
                  service: RolloutService, forwarder: Forwarder, journal: Journal,
-                 follow: Callable[[list[Job]], None]) -> None:
+                 follow: Callable[[list[Job]], None],
+                 held_images: Callable[[], list[str]] = list) -> None:
         self.node_id = node_id
         self.settings = settings
         self.pipeline = pipeline
@@ -106,6 +115,7 @@ class Stealer:
         self.forwarder = forwarder
         self.journal = journal
         self._follow = follow
+        self._held_images = held_images  # the image refs this node holds, for its asks
         self._nursery: trio.Nursery | None = None
         self._outbox: dict[str, tuple[Member, list[Job], int]] = {}  # placed, not yet sent
         self._away: dict[str, dict[str, Job]] = {}  # node id -> jobs it runs for us
@@ -156,11 +166,14 @@ class Stealer:
 
         peers = [m for m in self.forwarder.federation.peers()
                  if m.state is MemberState.ALIVE and unstarted(m) > 0 and not m.capacity["draining"]]
+        ask: dict[str, Any] = {"node_id": self.node_id}
+        held = self._held_images()[:MAX_HELD_IMAGES]
+        if held:  # only then: a victim of an older version refuses the field (422)
+            ask["images"] = held
         for victim in sorted(peers, key=lambda m: -unstarted(m))[:2]:
             try:
                 resp = await self.forwarder.client.post(
-                    victim.url + STEAL_PATH, json={"node_id": self.node_id, "max": room},
-                    timeout=STEAL_TIMEOUT)
+                    victim.url + STEAL_PATH, json={**ask, "max": room}, timeout=STEAL_TIMEOUT)
                 moved = len(resp.json().get("moved", [])) if resp.status_code == 200 else 0
             except (httpx.HTTPError, ValueError, AttributeError) as exc:
                 log.debug("steal from %s failed: %r", victim.node_id, exc)
@@ -193,7 +206,8 @@ class Stealer:
 
     async def give(self, req: StealRequest) -> dict[str, Any]:
         """A peer asks for work: hand over up to ``req.max`` queued rollouts, at most half
-        the queue, the ones that would start last here. Answers with the ids moved."""
+        the queue, the ones that would start last here, of those it may take (``_stealable``:
+        a task's image only to a thief that holds it). Answers with the ids moved."""
         thief = self.forwarder.federation.member(req.node_id)
         if (not self.settings.work_stealing or self.service.draining or thief is None
                 or thief.node_id == self.node_id or thief.state is not MemberState.ALIVE):
@@ -201,11 +215,12 @@ class Stealer:
         n = min(req.max, math.ceil(_unstarted(self.pipeline) / 2))
         if n <= 0:
             return {"moved": []}
+        held = frozenset(req.images)
         # Shielded (bounded by the sandbox release and ADOPT_TIMEOUT, twice): a thief that
         # stops waiting for this answer must not leave the withdrawn rollouts neither queued
         # here nor handed over.
         with trio.CancelScope(shield=True):
-            jobs = await self.pipeline.hand_over(n, lambda job: _stealable(job, thief.node_id))
+            jobs = await self.pipeline.hand_over(n, lambda job: _stealable(job, thief.node_id, held))
             moved, _ = await self._hand_over(thief, jobs) if jobs else ([], None)
         return {"moved": moved}
 
@@ -384,9 +399,13 @@ def _unstarted(pipeline: Pipeline) -> int:
     return len(pipeline.intake) + pipeline.waiting
 
 
-def _stealable(job: Job, thief: str) -> bool:
+def _stealable(job: Job, thief: str, held: frozenset[str] = frozenset()) -> bool:
     """A job is handed over once: not one taken over here, nor a replay (it carries the
     replayed trajectory), nor one back to the member that forwarded it here (that member
-    answers for it by asking us: it would end up asking itself)."""
+    answers for it by asking us: it would end up asking itself). A job whose task names an
+    image goes only to a thief that holds that image (``held``): one that would have to
+    unpack it first (seconds to minutes, and space in its cache) is no faster than the
+    victim's next free worker, and the image's homes are where placement sends such tasks."""
+    image = job.request.task.get("image")
     return (job.adopted_from is None and job.moved_to is None and job.request.replay_of is None
-            and job.forwarded_from != thief)
+            and job.forwarded_from != thief and (not image or image in held))

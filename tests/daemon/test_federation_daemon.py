@@ -398,6 +398,60 @@ async def test_a_hand_over_that_never_reached_the_thief_queues_the_rollouts_agai
     busy.request_stop()
 
 
+async def test_a_thief_gets_no_rollout_whose_image_it_does_not_hold(tmp_path, nursery):
+    """A rollout whose task names an image is handed only to a thief that says it holds the
+    image: one that would unpack it first is no faster than the victim's next free worker.
+    (The 'thief' refuses connections, so whatever is withdrawn is queued again and counted
+    as taken back: that count is what the victim withdrew.)"""
+    from rolloutd.daemon.steal import StealRequest
+
+    [(busy, _)] = await start_cluster(tmp_path, nursery, n=1)
+    [ghost_port] = free_ports(1)  # nothing listens there
+    busy.federation.handle_gossip({"members": [{
+        "node_id": "ghost", "url": f"http://127.0.0.1:{ghost_port}", "incarnation": 1, "heartbeat": 1,
+        "capacity": {"free_slots": 8, "queued": 0, "in_flight": 0, "healthy_backends": 1,
+                     "draining": False},
+        "updated_at": 0.0, "state": "alive"}]})
+    image = "oci:/nowhere/layout:t"  # a sleep task opens no sandbox: the image is never read
+    ids = await submit_here(busy, sleep_task(run_s=60, image=image), 6)
+    with trio.fail_after(10):  # 1 slot per stage: 1 runs, 2 wait through INIT, 3 queued
+        while (busy.pipeline.statistics()["queued"], busy.pipeline.waiting) != (3, 2):
+            await trio.sleep(0.05)
+    stealer = busy.front.stealer
+    assert stealer is not None
+    for held in ([], ["oci:/elsewhere/layout:t"]):
+        assert await stealer.give(StealRequest(node_id="ghost", max=8, images=held)) == {"moved": []}
+        assert stealer.statistics()["taken_back"] == 0  # nothing was withdrawn
+    answer = await stealer.give(StealRequest(node_id="ghost", max=8, images=[image]))
+    assert answer == {"moved": []}
+    assert stealer.statistics()["taken_back"] == 3  # half of the 5 unstarted, rounded up
+    async with AsyncClient(busy.urls[0], token="fedtok") as c:
+        for i in ids:
+            await c.cancel(i)
+    busy.request_stop()
+
+
+async def test_only_a_thief_that_holds_a_task_s_image_steals_its_rollouts(tmp_path, nursery):
+    """End to end: each thief's ask carries the image refs it holds (here node1 is made to
+    hold the tasks' image; node2 holds none, its prefetch of the made-up ref fails), so the
+    queued rollouts move to node1 only."""
+    cluster = await start_cluster(tmp_path, nursery)
+    (busy, _), (holder, _), (other, _) = cluster
+    image = "oci:/nowhere/layout:t"  # a sleep task opens no sandbox: the image is never read
+    assert holder.front.stealer is not None
+    holder.front.stealer._held_images = lambda: [image]
+    ids = await submit_here(busy, sleep_task(run_s=0.3, image=image), 10)
+    async with AsyncClient(busy.urls[0], token="fedtok") as c:
+        with trio.fail_after(30):
+            trajs = await c.wait(ids)
+    assert {t.status.value for t in trajs} == {"completed"}
+    by_node = Counter(t.node_id for t in trajs)
+    assert by_node[holder.node_id] > 0 and by_node[other.node_id] == 0, by_node
+    assert other.images.held() == []
+    for node, _ in cluster:
+        node.request_stop()
+
+
 async def test_the_stealing_routes_answer_bad_input_with_a_clear_4xx(tmp_path, nursery):
     import httpx
 
@@ -407,6 +461,8 @@ async def test_the_stealing_routes_answer_bad_input_with_a_clear_4xx(tmp_path, n
     async with httpx.AsyncClient(headers={"Authorization": "Bearer fedtok"}) as http:
         url = node.urls[0]
         for path, body in [("steal", {"node_id": "x"}), ("steal", {"node_id": "x", "max": 0}),
+                           ("steal", {"node_id": "x", "max": 1, "images": [""]}),
+                           ("steal", {"node_id": "x", "max": 1, "images": ["a"] * 1025}),
                            ("adopt", {"origin": "x", "rollouts": [{"id": "r-1"}]}),
                            ("adopt", {"origin": "x", "rollouts": "no"})]:
             resp = await http.post(f"{url}/v1/federation/{path}", json=body)

@@ -101,3 +101,27 @@ async def test_a_task_image_is_not_checked_at_submit(images_client):
     client, _ = images_client
     r = await client.post("/v1/rollouts", json={"task": sleep_task(image="oci:/nope/x:y")})
     assert r.status_code == 202, r.text
+
+
+async def test_the_node_lists_the_image_refs_it_holds(images_client, test_images, nursery):
+    """What a thief tells a victim it holds when it asks for work (daemon/steal.py): the refs
+    its prefetches resolved, as tasks name them, and the names and sources of its stored
+    images, the most recently resolved first; a removed image's refs are gone."""
+    client, node = images_client
+    await nursery.start(node.images.run)  # prefetch (this harness runs only the pipeline)
+    assert node.images.held() == []
+    ref = test_images.oci_ref(test_images.busybox_oci)
+    r = await client.post("/v1/rollouts", json={"task": sleep_task(image=ref)})
+    assert r.status_code == 202, r.text
+    with trio.fail_after(60):
+        while ref not in node.images.held():
+            await trio.sleep(0.05)
+    r = await client.post("/v1/images", json={"source": f"docker-archive:{test_images.debian_tar}",
+                                              "name": "localhost/deb:held"})
+    assert r.status_code == 201, r.text
+    held = node.images.held()
+    assert held[0] == ref and "localhost/deb:held" in held
+    busybox = next(i["digest"] for i in (await client.get("/v1/images")).json()["images"]
+                   if i["digest"] != r.json()["digest"])
+    assert (await client.delete(f"/v1/images/{busybox}")).status_code == 200
+    assert ref not in node.images.held() and "localhost/deb:held" in node.images.held()
