@@ -368,11 +368,9 @@ async def test_a_thief_that_dies_loses_what_it_took_and_nobody_reruns_it(tmp_pat
     busy.request_stop()
 
 
-async def test_a_hand_over_that_never_reached_the_thief_queues_the_rollouts_again(tmp_path, nursery):
-    """A 'thief' whose address refuses connections: the withdrawn rollouts provably never left,
-    so they are queued again where they were (same ids), and nothing is lost."""
-    from rolloutd.daemon.steal import StealRequest
-
+async def busy_with_a_ghost(tmp_path, nursery) -> Node:
+    """One daemon that knows a live member "ghost" whose address refuses connections: a
+    thief whose hand-overs provably never reach it."""
     [(busy, _)] = await start_cluster(tmp_path, nursery, n=1)
     [ghost_port] = free_ports(1)  # nothing listens there
     busy.federation.handle_gossip({"members": [{
@@ -380,6 +378,15 @@ async def test_a_hand_over_that_never_reached_the_thief_queues_the_rollouts_agai
         "capacity": {"free_slots": 8, "queued": 0, "in_flight": 0, "healthy_backends": 1,
                      "draining": False},
         "updated_at": 0.0, "state": "alive"}]})
+    return busy
+
+
+async def test_a_hand_over_that_never_reached_the_thief_queues_the_rollouts_again(tmp_path, nursery):
+    """A 'thief' whose address refuses connections: the withdrawn rollouts provably never left,
+    so they are queued again where they were (same ids), and nothing is lost."""
+    from rolloutd.daemon.steal import StealRequest
+
+    busy = await busy_with_a_ghost(tmp_path, nursery)
     ids = await submit_here(busy, sleep_task(run_s=60), 6)
     with trio.fail_after(10):  # 1 slot per stage: 1 runs, 2 wait through INIT, 3 queued
         while (busy.pipeline.statistics()["queued"], busy.pipeline.waiting) != (3, 2):
@@ -405,13 +412,7 @@ async def test_a_thief_gets_no_rollout_whose_image_it_does_not_hold(tmp_path, nu
     as taken back: that count is what the victim withdrew.)"""
     from rolloutd.daemon.steal import StealRequest
 
-    [(busy, _)] = await start_cluster(tmp_path, nursery, n=1)
-    [ghost_port] = free_ports(1)  # nothing listens there
-    busy.federation.handle_gossip({"members": [{
-        "node_id": "ghost", "url": f"http://127.0.0.1:{ghost_port}", "incarnation": 1, "heartbeat": 1,
-        "capacity": {"free_slots": 8, "queued": 0, "in_flight": 0, "healthy_backends": 1,
-                     "draining": False},
-        "updated_at": 0.0, "state": "alive"}]})
+    busy = await busy_with_a_ghost(tmp_path, nursery)
     image = "oci:/nowhere/layout:t"  # a sleep task opens no sandbox: the image is never read
     ids = await submit_here(busy, sleep_task(run_s=60, image=image), 6)
     with trio.fail_after(10):  # 1 slot per stage: 1 runs, 2 wait through INIT, 3 queued
