@@ -134,6 +134,7 @@ _FEDERATION_COUNTERS = (
     (("relay_lookups",), "relay_lookups", "Lookups of one forwarded rollout's trajectory"),
     (("taken_over",), "taken_over", "Queued rollouts this daemon took from busier peers"),
     (("handed_over",), "handed_over", "Queued rollouts this daemon handed to peers that asked"),
+    (("steal_asks",), "steal_asks", "Asks for queued rollouts this daemon sent to busier peers"),
     (("batch_placed",), "batch_placed",
      "Samples of batch groups this daemon placed on peers (handed over as they were queued)"),
     (("placements", "image_home"), "image_home_placements",

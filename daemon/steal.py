@@ -125,6 +125,8 @@ class Stealer:
         self.placed = 0  # samples of batch groups placement handed to peers
         self.taken_back = 0  # handed over, refused or never sent, queued here again
         self.lost = 0  # handed over, then the thief was lost
+        self.asks = 0  # steal asks this daemon sent
+        self._dry: dict[str, tuple[int, int]] = {}  # node id -> its version when it gave nothing
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -147,7 +149,8 @@ class Stealer:
     def statistics(self) -> dict[str, Any]:
         return {"work_stealing": self.settings.work_stealing, "taken_over": self.taken_over,
                 "handed_over": self.handed_over, "batch_placed": self.placed,
-                "taken_back": self.taken_back, "handed_over_lost": self.lost}
+                "taken_back": self.taken_back, "handed_over_lost": self.lost,
+                "steal_asks": self.asks}
 
     # ---- the thief ----------------------------------------------------------------------
 
@@ -164,20 +167,29 @@ class Stealer:
         def unstarted(m: Member) -> int:
             return m.capacity["queued"] + m.capacity["waiting"]
 
+        # A peer that gave nothing is not asked again until a newer capacity report of it
+        # (the next heartbeat): the ask would find what its last answer found, and the
+        # peers asked are the busiest ones, whose CPU each ask takes.
         peers = [m for m in self.forwarder.federation.peers()
-                 if m.state is MemberState.ALIVE and unstarted(m) > 0 and not m.capacity["draining"]]
+                 if m.state is MemberState.ALIVE and unstarted(m) > 0 and not m.capacity["draining"]
+                 and self._dry.get(m.node_id) != m.version]
         ask: dict[str, Any] = {"node_id": self.node_id}
         held = self._held_images()[:MAX_HELD_IMAGES]
         if held:  # only then: a victim of an older version refuses the field (422)
             ask["images"] = held
         for victim in sorted(peers, key=lambda m: -unstarted(m))[:2]:
+            self.asks += 1
             try:
                 resp = await self.forwarder.client.post(
                     victim.url + STEAL_PATH, json={**ask, "max": room}, timeout=STEAL_TIMEOUT)
                 moved = len(resp.json().get("moved", [])) if resp.status_code == 200 else 0
             except (httpx.HTTPError, ValueError, AttributeError) as exc:
                 log.debug("steal from %s failed: %r", victim.node_id, exc)
-                continue
+                moved = 0
+            if moved:
+                self._dry.pop(victim.node_id, None)
+            else:
+                self._dry[victim.node_id] = victim.version
             room = self._room()
             if moved or room <= 0:
                 return

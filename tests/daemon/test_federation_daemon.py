@@ -36,15 +36,15 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-async def start_cluster(tmp_path, nursery, n: int = 3, *,
-                        stealing: bool = True) -> list[tuple[Node, trio.CancelScope]]:
+async def start_cluster(tmp_path, nursery, n: int = 3, *, stealing: bool = True,
+                        gossip_interval_s: float = 0.1) -> list[tuple[Node, trio.CancelScope]]:
     ports = free_ports(n)
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     nodes = []
     for i, port in enumerate(ports):
         settings = make_settings(
             tmp_path / f"n{i}", port=port, node_id=f"node{i}", url=urls[i], seeds=urls, token="fedtok",
-            n_init=1, n_run=1, n_eval=1, gossip_interval_s=0.1, work_stealing=stealing,
+            n_init=1, n_run=1, n_eval=1, gossip_interval_s=gossip_interval_s, work_stealing=stealing,
         )
         # Placement only sends work to peers with a healthy LLM backend: give each one.
         pool = BackendPool(health_interval_s=0.5)
@@ -449,6 +449,30 @@ async def test_only_a_thief_that_holds_a_task_s_image_steals_its_rollouts(tmp_pa
     by_node = Counter(t.node_id for t in trajs)
     assert by_node[holder.node_id] > 0 and by_node[other.node_id] == 0, by_node
     assert other.images.held() == []
+    for node, _ in cluster:
+        node.request_stop()
+
+
+async def test_a_peer_that_gave_nothing_is_asked_again_only_after_its_next_report(tmp_path, nursery):
+    """An idle thief asks every steal_interval_s (0.2 s); a victim that gave nothing (here:
+    its rollouts name an image the thief does not hold) is asked again only once a newer
+    capacity report of it arrived: with a heartbeat a second, about one ask a second, not
+    five. The asks go to the busiest daemons, and each takes some of their CPU."""
+    cluster = await start_cluster(tmp_path, nursery, n=2, gossip_interval_s=1.0)
+    (busy, _), (thief, _) = cluster
+    ids = await submit_here(busy, sleep_task(run_s=60, image="oci:/nowhere/layout:t"), 6)
+    assert thief.front.stealer is not None
+    with trio.fail_after(10):
+        while not thief.front.stealer.statistics()["steal_asks"]:
+            await trio.sleep(0.05)
+    first = thief.front.stealer.statistics()["steal_asks"]
+    await trio.sleep(3.0)
+    asks = thief.front.stealer.statistics()["steal_asks"] - first
+    assert 1 <= asks <= 5, asks  # one a heartbeat (three, give or take); without the rule, 15
+    assert busy.front.stealer is not None and busy.front.stealer.statistics()["taken_back"] == 0
+    async with AsyncClient(busy.urls[0], token="fedtok") as c:
+        for i in ids:
+            await c.cancel(i)
     for node, _ in cluster:
         node.request_stop()
 
