@@ -110,7 +110,7 @@ class Images:
         self._seen: dict[str, None] = {}
         self._figures: dict[str, float | int] = {}  # the store's, refreshed by _refresh
         self._resolved: dict[str, str] = {}  # ref -> digest, of each prefetch that succeeded
-        self._held: list[str] = []  # refs of stored images, refreshed by _refresh
+        self._held: list[str] = []  # refs of stored images (see held)
         self.prefetched = 0
         self.prefetch_failed = 0
         self.prefetching = 0
@@ -121,31 +121,33 @@ class Images:
             task_status.started()
             try:
                 while True:  # the store's figures, for /v1/status and /metrics
-                    await self._refresh()
+                    await self._refresh(held=True)
                     await trio.sleep(FIGURES_EVERY_S)
             finally:
                 self._nursery = None
 
-    async def _refresh(self) -> None:
-        """Re-read the store's counts and sizes and the refs it holds (a scan of its
-        records) off the event loop."""
-        resolved = list(self._resolved.items())
-        self._figures, self._held = await trio.to_thread.run_sync(self._read_store, resolved)
+    async def _refresh(self, *, held: bool = False) -> None:
+        """Re-read the store's counts and sizes (a scan of its records) off the event loop;
+        with ``held``, also the refs it holds (another scan: not after every prefetch)."""
+        self._figures = await trio.to_thread.run_sync(self.store.statistics)
+        if held:
+            resolved = list(self._resolved.items())
+            self._held = await trio.to_thread.run_sync(self._held_refs, resolved)
 
-    def _read_store(self, resolved: list[tuple[str, str]]) -> tuple[dict[str, float | int], list[str]]:
+    def _held_refs(self, resolved: list[tuple[str, str]]) -> list[str]:
         images = self.store.images()
         stored = {image.digest for image in images}
         refs = dict.fromkeys(ref for ref, digest in reversed(resolved) if digest in stored)
         for image in images:
             refs.update(dict.fromkeys([*image.names, image.source]))
-        return self.store.statistics(), list(refs)
+        return list(refs)
 
     def held(self) -> list[str]:
         """The image refs this node holds unpacked, the most recently resolved first: the
         refs its prefetches resolved (as tasks name them) whose image is still stored, then
-        the names and sources of its store's images. As of the last refresh: every
-        ``FIGURES_EVERY_S``, and after each prefetch, import, removal and gc. What a thief
-        tells a victim when it asks for work (daemon/steal.py)."""
+        the names and sources of its store's images. Read from the store every
+        ``FIGURES_EVERY_S`` and after each import, removal and gc; a prefetch puts its ref
+        first at once. What a thief tells a victim when it asks for work (daemon/steal.py)."""
         return self._held
 
     # ---- the API's operations -------------------------------------------------------
@@ -159,7 +161,7 @@ class Images:
             raise NotFound(str(exc)) from None
         except ImageError as exc:
             raise InvalidImage(str(exc)) from None
-        await self._refresh()
+        await self._refresh(held=True)
         return info(image)
 
     async def list(self) -> list[ImageInfo]:
@@ -168,7 +170,7 @@ class Images:
     async def remove(self, ref: str) -> ImageInfo:
         try:
             gone = info(await trio.to_thread.run_sync(self.store.remove, ref))
-            await self._refresh()
+            await self._refresh(held=True)
             return gone
         except ImageNotFound:
             raise NotFound(f"no image {ref!r} in the store") from None
@@ -179,7 +181,7 @@ class Images:
         gb = req.max_gb if req.max_gb is not None else self.settings.image_cache_max_gb
         max_bytes = int(gb * 2**30) if gb is not None else None
         report = await trio.to_thread.run_sync(self.store.gc, max_bytes)
-        await self._refresh()
+        await self._refresh(held=True)
         return {"removed": list(report.removed_images), "freed_bytes": report.freed_bytes,
                 "kept_bytes": report.kept_bytes}
 
@@ -208,6 +210,7 @@ class Images:
             self._resolved[ref] = image.digest
             if len(self._resolved) > PREFETCH_MEMORY:
                 del self._resolved[next(iter(self._resolved))]
+            self._held = [ref, *(r for r in self._held if r != ref)]
             await self._refresh()
             log.info("prefetched image %s in %.1f s", ref, time.monotonic() - started)
         except (ImageError, OSError) as exc:  # INIT reports it on the rollout itself

@@ -63,7 +63,7 @@ STEAL_PATH = "/v1/federation/steal"
 ADOPT_PATH = "/v1/federation/adopt"
 #: The most rollouts one hand-over moves.
 MAX_STEAL = 256
-#: The most image refs a thief lists as held in one ask (the most recently used first).
+#: The most image refs a thief lists as held in one ask (the most recently resolved first).
 MAX_HELD_IMAGES = 1024
 #: A steal asks, and waits for the hand-over it causes; an adopt only queues.
 STEAL_TIMEOUT = httpx.Timeout(connect=2.0, read=20.0, write=10.0, pool=5.0)
