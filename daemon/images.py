@@ -132,7 +132,10 @@ class Images:
         self._figures = await trio.to_thread.run_sync(self.store.statistics)
         if held:
             resolved = list(self._resolved.items())
-            self._held = await trio.to_thread.run_sync(self._held_refs, resolved)
+            stored = await trio.to_thread.run_sync(self._held_refs, resolved)
+            before = dict(resolved)  # a prefetch that ended meanwhile keeps its ref first
+            fresh = [ref for ref in reversed(self._resolved) if ref not in before]
+            self._held = [*fresh, *(ref for ref in stored if ref not in fresh)]
 
     def _held_refs(self, resolved: list[tuple[str, str]]) -> list[str]:
         images = self.store.images()
