@@ -40,22 +40,27 @@ load": this VM is shared) and the hypervisor's steal.
    another. The chosen slot count is the smallest whose throughput is within ``--knee``
    (5%) of the sweep's best: where throughput stops rising.
 2. Scaling: N = 1, 2, 4, 8 daemons (``--sizes``), each with one budget and the chosen
-   slots. The sweep's daemon with the chosen slots is the front of every size. N = 1 is a
-   burst of its own on that daemon, not its sweep run: that run won the choice, and the best
-   of a few noisy runs overstates the rate every eff_N divides by (both are printed). Each
-   larger size adds daemons seeded with the federation (how an
-   operator adds capacity), which also saves their start-up. The front gets N x
-   ``--per-daemon`` rollouts in one burst (16 concurrent submitters, streamed back in chunks
-   of 64). eff_N = rps_N / (N x rps_1).
-3. Control: the federation is stopped; ONE fresh daemon with 8 budgets (8 x ``--budget``
-   cores) and 8 x the slots of each stage gets the same burst as N = 8.
-   vs_control_8 = rps_8 / rps_control.
+   slots. The sweep's daemon with the chosen slots is the federation of one; each larger
+   size is a federation of its own, started after the sweep (its daemons seeded with each
+   other). N = 1 is measured in bursts of its own on that daemon, not by its sweep run: that
+   run won the choice, and the best of a few noisy runs overstates the rate every eff_N
+   divides by (both are printed). The front of size N gets N x ``--per-daemon`` rollouts in
+   one burst (16 concurrent submitters, streamed back in chunks of 64).
+3. Control: ONE daemon with 8 budgets (8 x ``--budget`` cores) and 8 x the slots of each
+   stage gets the same burst as N = 8.
 
-Every size and the control are measured ``--repeats`` times (3), each a burst of its own
-after its own warm-up and idle spell, and the run with the median rollouts/s stands for it
-(its latencies, work and CPU; every repeat's rollouts/s is printed). One 16-rollout burst of
-one daemon measured 0.82 and 1.08 rollouts/s minutes apart on this shared VM, and every
-eff_N divides by that one figure.
+Every federation and the control are up together (an idle daemon uses a few tenths of a
+percent of a core, a federation's member 1-2% of its budget) and are measured in
+``--repeats`` rounds (3): each round is one burst of each, sizes growing then the control,
+and the next round goes in the reverse order. Each burst has its own warm-up and idle spell.
+The ratios are taken within a round, eff_N = rps_N / (N x rps_1) and vs_control_8 = rps_8 /
+rps_control, and the RESULT line gives each one's median over the rounds. Until 2026-11-28
+each size and then the control were measured in blocks of three bursts, minutes apart, and
+each ratio divided the blocks' median bursts; the control measured 10.07 and 9.02 rollouts/s
+in two runs 8 minutes apart with the same code (work stealing, on in one of them, does
+nothing for a daemon alone), so a block's place in time weighed on the
+ratios as much as anything measured. Both are printed. The tables show the median burst of
+each (its latencies, work and CPU; every burst's rollouts/s is printed too).
 
 ``--load batch`` sends the same rollouts as ONE dynamic-sampling batch instead (``POST
 /v1/batches`` on the front: ``N x --per-daemon / --group-size`` prompts of the same task,
@@ -1059,10 +1064,11 @@ async def bench(args: argparse.Namespace) -> None:
     if total > cpus:
         raise SystemExit(f"{top} daemons x {args.budget} cores = {total:g} cores > the {cpus} CPUs")
     first = len(sweep_runs) or 1
-    n_daemons = first + top - 1 + (0 if args.no_control else 1)
+    n_daemons = first + sum(sizes[1:]) + (0 if args.no_control else 1)
     budgets = CLEANUP.budgets = Budgets()
     net = CLEANUP.net = choose_network(args.net, n_daemons)
     results: list[Result] = []
+    rounds: list[dict[str, Result]] = []  # each: label -> that round's burst
     started = time.perf_counter()
     console.print(
         f"budget: {args.budget:g} core per daemon ({budgets.describe()}, period {CFS_PERIOD_US} us); "
@@ -1076,10 +1082,10 @@ async def bench(args: argparse.Namespace) -> None:
     # (imports, tokenizer), so k daemons ~20 + 10 (k - 1) s; a rollout ~0.2 CPU-seconds on
     # one daemon (~5 rollouts/s per core), and a federation reached ~70% of that.
     burst_s = args.per_daemon / (5 * args.budget)
-    steps = [n - m for m, n in zip([1, *sizes], sizes, strict=False) if n > m]
-    est = (20 + 10 * (first - 1) + len(sweep_runs) * (burst_s + 10)
-           + sum(20 + 10 * (k - 1) for k in steps) + len(sizes) * args.repeats * (burst_s / 0.7 + 10)
-           + (0 if args.no_control else 20 + args.repeats * (burst_s + 10)) + 10)
+    later = sum(sizes[1:]) + (0 if args.no_control else 1)  # started together after the sweep
+    est = (20 + 10 * (first - 1) + len(sweep_runs) * (burst_s + 10) + 10 + 10 * later
+           + args.repeats * (len(sizes) * (burst_s / 0.7 + 10)
+                             + (0 if args.no_control else burst_s + 10)) + 10)
     console.print(f"expected time: about {est / 60:.0f} min ({len(sweep_runs)} sweep points, sizes {sizes}, "
                   f"{'no' if args.no_control else 'one'} control, {args.repeats} bursts each; "
                   f"{args.per_daemon} rollouts per daemon)")
@@ -1106,12 +1112,9 @@ async def bench(args: argparse.Namespace) -> None:
                 console.print(describe(r))
                 return r
 
-            async def median_of_repeats(label: str, cluster: Cluster, slots: tuple[int, int, int],
-                                        cores: float, rollouts: int) -> Result:
-                """``--repeats`` bursts; the one with the median rollouts/s stands for them."""
-                runs = [await measured(label if args.repeats == 1 else f"{label} ({k + 1}/{args.repeats})",
-                                       cluster, slots, cores, rollouts)
-                        for k in range(args.repeats)]
+            def median_of(label: str, runs: list[Result]) -> Result:
+                """The burst with the median rollouts/s stands for ``runs`` (its latencies,
+                work and CPU); every burst's rate is kept."""
                 mid = sorted(runs, key=lambda r: r.rps)[(len(runs) - 1) // 2]
                 return dataclasses.replace(mid, label=label, repeats=[r.rps for r in runs],
                                            other_failures=[o for r in runs if r is not mid
@@ -1122,6 +1125,8 @@ async def bench(args: argparse.Namespace) -> None:
             # (start-up is CPU-bound and slow), each on its own, and are measured in turn.
             if sweep_runs:
                 alone = [fleet.start(config(stage_slots(k)), [], 1)[0] for k in sweep_runs]
+                for i in alone:  # all up first (see below)
+                    await wait_converged(Cluster(fleet, [i]), http, timeout_s=300)
                 sweep = [await measured(f"sweep n_run={k}", Cluster(fleet, [i]), stage_slots(k),
                                         args.budget, args.per_daemon)
                          for k, i in zip(sweep_runs, alone, strict=True)]
@@ -1139,26 +1144,34 @@ async def bench(args: argparse.Namespace) -> None:
                 console.print(f"no sweep: n_run={slots} per daemon (--slots)")
                 members = fleet.start(config(stage_slots(slots)), [], 1)
             per = stage_slots(slots)
-            # 2. N federated daemons, one budget each. The chosen daemon is the front of every
-            # size; each size adds daemons seeded with the federation. N = 1 is a burst of its
-            # own on the chosen daemon, not the sweep's run that won the choice: the best of a
-            # few noisy runs overstates the daemon's rate, and every eff_N divides by it.
-            for n in sizes:
-                if n > len(members):
-                    members += fleet.start(config(per), members, n - len(members))
-                results.append(await median_of_repeats(f"federated {n}", Cluster(fleet, list(members)),
-                                                       per, args.budget, n * args.per_daemon))
-                if n == 1 and sweep_runs:
-                    console.print(f"federated 1: {results[-1].rps:.2f} rollouts/s, the median of its own "
-                                  f"bursts; the sweep's run of this daemon: {knee.rps:.2f}")
-            # 3. the control, alone: one daemon with the biggest federation's total budget
-            # and slots, on the same burst
+            # 2. and 3. One federation of each size (the chosen daemon is the federation of
+            # one, the others start now, seeded with each other) and the control, all up at
+            # once, then measured in rounds: every round one burst of each, in one order and
+            # the next round in the reverse one, so that each ratio compares bursts minutes
+            # apart at most (this VM drifts by 10% between blocks measured 8 minutes apart).
+            setups = [("federated 1", Cluster(fleet, members), per, args.budget, args.per_daemon)]
+            for n in sizes[1:]:
+                setups.append((f"federated {n}", Cluster(fleet, fleet.start(config(per), [], n)),
+                               per, args.budget, n * args.per_daemon))
             if not args.no_control:
-                fleet.stop(members)
-                solo = fleet.start(config(stage_slots(slots, top)), [], 1)
-                results.append(await median_of_repeats(f"control (1 x {top} budgets)", Cluster(fleet, solo),
-                                                       stage_slots(slots, top), top * args.budget,
-                                                       top * args.per_daemon))
+                setups.append((f"control (1 x {top} budgets)",
+                               Cluster(fleet, fleet.start(config(stage_slots(slots, top)), [], 1)),
+                               stage_slots(slots, top), top * args.budget, top * args.per_daemon))
+            # Every daemon up before the first burst: one still starting (~18 CPU-s) would
+            # take the CPU of the bursts measured meanwhile.
+            for _, cluster, *_ in setups:
+                await wait_converged(cluster, http, timeout_s=300)
+            for k in range(args.repeats):
+                got: dict[str, Result] = {}
+                for label, cluster, stage, cores, count in setups if k % 2 == 0 else setups[::-1]:
+                    tag = label if args.repeats == 1 else f"{label} (round {k + 1}/{args.repeats})"
+                    got[label] = await measured(tag, cluster, stage, cores, count)
+                rounds.append(got)
+                if k == 0 and sweep_runs:
+                    console.print(f"the sweep's run of the federation of one: {knee.rps:.2f} "
+                                  "rollouts/s (its own bursts stand for it)")
+            results.extend(median_of(label, [got[label] for got in rounds])
+                           for label, *_ in setups)
     finally:
         fleet.stop_all()
         CLEANUP()
@@ -1166,7 +1179,6 @@ async def bench(args: argparse.Namespace) -> None:
         r.exit_codes = [fleet.codes.get(i) for i in r.indices]
 
     one = next(r for r in results if r.label == "federated 1")
-    base = one.rps
     console.print(results_table(
         f"federation: one front, {args.per_daemon} code rollouts per daemon, {args.budget:g} core "
         f"and {'/'.join(map(str, per))} slots per budget; scripted backend (TEST DOUBLE, "
@@ -1201,23 +1213,43 @@ async def bench(args: argparse.Namespace) -> None:
             console.print(f"[red]{r.label}: daemon exit codes {r.exit_codes}")
     console.print(f"total time: {(time.perf_counter() - started) / 60:.1f} min")
 
-    by_label = {r.label: r for r in results}
-
-    def fed(n: int) -> Result | None:
-        return by_label.get(f"federated {n}")
-
     def fmt(x: float | None) -> str:
         return "nan" if x is None or math.isnan(x) else f"{x:.3f}"
 
-    def eff(n: int) -> float | None:
-        r = fed(n)
-        return r.rps / (n * base) if r else None
+    control = next((label for label in rounds[0] if label.startswith("control")), None) if rounds else None
 
-    r8 = fed(8)
-    control = next((r for r in results if r.label.startswith("control")), None)
-    vs_control = r8.rps / control.rps if r8 and control and top == 8 else None
-    print(f"RESULT eff_2={fmt(eff(2))} eff_4={fmt(eff(4))} eff_8={fmt(eff(8))} "
-          f"vs_control_8={fmt(vs_control)} tail_ratio_8={fmt(r8.tail_ratio if r8 else None)}")
+    def ratio(got: dict[str, Result], num: str, den: str | None, scale: float) -> float | None:
+        if den is None or num not in got or den not in got:
+            return None
+        return got[num].rps / (scale * got[den].rps)
+
+    def paired(num: str, den: str | None, scale: float) -> float | None:
+        """The median over the rounds of ``num``'s rollouts/s over ``scale`` x ``den``'s in the
+        same round."""
+        ratios = [x for got in rounds if (x := ratio(got, num, den, scale)) is not None]
+        return statistics.median(ratios) if ratios else None
+
+    keys: list[tuple[str, str, str | None, float]] = [
+        (f"eff_{n}", f"federated {n}", "federated 1", float(n)) for n in (2, 4, 8)]
+    keys.append(("vs_control_8", "federated 8", control if top == 8 else None, 1.0))
+    table = Table(title="rounds: rollouts/s of each burst, and each round's ratios (the RESULT "
+                        "line is their median)")
+    for col in ["round", *rounds[0], *(k for k, *_ in keys)] if rounds else []:
+        table.add_column(col, justify="right")
+    for k, got in enumerate(rounds):
+        table.add_row(f"{k + 1} ({'forward' if k % 2 == 0 else 'reverse'})",
+                      *(f"{got[label].rps:.2f}" for label in rounds[0]),
+                      *(fmt(ratio(got, num, den, scale)) for _, num, den, scale in keys))
+    console.print(table)
+    by_label = {r.label: r for r in results}
+    medians = {key: (by_label[num].rps / (scale * by_label[den].rps)
+                     if num in by_label and den in by_label else None)
+               for key, num, den, scale in keys if den is not None}
+    console.print("the same ratios from each run's median burst (how they were computed until "
+                  "2026-11-28): " + " ".join(f"{k}={fmt(v)}" for k, v in medians.items()))
+    r8 = by_label.get("federated 8")
+    print("RESULT " + " ".join(f"{key}={fmt(paired(num, den, scale))}" for key, num, den, scale in keys)
+          + f" tail_ratio_8={fmt(r8.tail_ratio if r8 else None)}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -1238,7 +1270,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "--group-size groups, all in flight, all kept, streamed back as groups")
     p.add_argument("--group-size", type=int, default=4, help="G of --load batch")
     p.add_argument("--repeats", type=int, default=3,
-                   help="bursts per size and for the control; the median one (by rollouts/s) stands")
+                   help="rounds: one burst of each size and of the control per round; each ratio is "
+                   "taken within a round and its median over the rounds is the RESULT")
     p.add_argument("--stealing", choices=("default", "on", "off"), default="default",
                    help="work_stealing in the daemons' config: the daemon's default (off), on or off")
     p.add_argument("--gossip-udp", choices=("default", "on", "off"), default="default",
