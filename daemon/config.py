@@ -142,7 +142,8 @@ class Settings(BaseModel):
     #: Work stealing: a daemon with free slots and nothing queued takes queued rollouts from
     #: the busiest peer (daemon/steal.py), checking every steal_interval_s. Off by default:
     #: what bench/federation.py measured of it is within the VM's run-to-run spread (ahead
-    #: by 2-15% in the comparisons of 2026-11-28; docs/federation.md, Work stealing).
+    #: by 2-15% in three comparisons of 2026-11-28, behind by 3% in the next one;
+    #: docs/federation.md, Work stealing).
     work_stealing: bool = False
     steal_interval_s: float = Field(0.2, gt=0, le=60)
 
