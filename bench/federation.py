@@ -1242,9 +1242,8 @@ async def bench(args: argparse.Namespace) -> None:
                       *(fmt(ratio(got, num, den, scale)) for _, num, den, scale in keys))
     console.print(table)
     by_label = {r.label: r for r in results}
-    medians = {key: (by_label[num].rps / (scale * by_label[den].rps)
-                     if num in by_label and den in by_label else None)
-               for key, num, den, scale in keys if den is not None}
+    medians = {key: ratio(by_label, num, den, scale) for key, num, den, scale in keys
+               if den is not None}
     console.print("the same ratios from each run's median burst (how they were computed until "
                   "2026-11-28): " + " ".join(f"{k}={fmt(v)}" for k, v in medians.items()))
     r8 = by_label.get("federated 8")
