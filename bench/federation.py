@@ -73,7 +73,10 @@ rollouts/s: rollouts / (first submit to last result), what a trainer waiting for
 sees. Latency: from the client's submit to the result's arrival in its stream (p50, p99).
 Per-daemon work: the rollouts each daemon ran, from each trajectory's ``node_id`` (the
 daemon that ran it), else (a result without it) from the daemons' GET /v1/status eval
-counts; the table says which. tail_ratio_8 = busiest / mean of the 8 daemons' work.
+counts; the table says which. tail_ratio_8 = busiest / mean of the 8 daemons' work. Each
+burst's line also gives when each daemon's last result arrived and when the client sent its
+last submit (seconds since the first): which daemon ended the burst, and how long the front
+took to take the burst in.
 Targets: eff_8 >= 0.9, vs_control_8 >= 0.95, tail_ratio_8 <= 1.15.
 
     sudo .venv/bin/python bench/federation.py      # about 10 minutes on this 2-core VM
@@ -851,6 +854,7 @@ class Result:
     steal_s: float  # taken by the hypervisor
     idle_share: list[float]  # per daemon: CPU used while idle, as a share of its budget
     idle_gossip: list[float]  # per daemon: gossip exchanges a second while idle (started + answered)
+    last_s: list[float] = dataclasses.field(default_factory=list)  # per daemon: its last result's arrival
     indices: list[int] = dataclasses.field(default_factory=list)
     exit_codes: list[int | None] = dataclasses.field(default_factory=list)
     repeats: list[float] = dataclasses.field(default_factory=list)  # rollouts/s of each repeat
@@ -952,6 +956,8 @@ async def measure(run: Run, cluster: Cluster, http: httpx.AsyncClient, converge_
         client_cpu_s=client1 - client0,
         other_cpu_s=(machine1[0] - machine0[0]) - (ours1 - ours0) - (client1 - client0),
         steal_s=machine1[1] - machine0[1], idle_share=idle, idle_gossip=gossip_rate,
+        last_s=[max((o.arrived for o in outcomes if o.node == name), default=math.nan)
+                for name in cluster.names],
     )
 
 
@@ -962,7 +968,8 @@ def describe(r: Result) -> str:
     fails = f", [red]{len(r.failures)} NOT completed with reward 1[/red]" if r.failures else ""
     return (f"{r.label}: {r.rps:.2f} rollouts/s ({r.rollouts} in {r.seconds:.1f} s), "
             f"p50 {r.latency(0.5):.1f} s, p99 {r.latency(0.99):.1f} s, work {r.work}, "
-            f"CPU s {[round(c, 1) for c in r.cpu_s]}{fails} (waited {r.converge_s:.0f} s for "
+            f"CPU s {[round(c, 1) for c in r.cpu_s]}, last result s {[round(t, 1) for t in r.last_s]}, "
+            f"last submit sent at {max(o.submitted for o in r.outcomes):.1f} s{fails} (waited {r.converge_s:.0f} s for "
             f"start-up, warm-up {r.warm_s:.0f} s; the front's relays swept with "
             f"{r.sweeps[0]} listings and {r.sweeps[1]} lookups)")
 
