@@ -69,6 +69,13 @@ back; the front places each group (docs/federation.md, "Batches across a federat
 warm-ups stay single rollouts. Latency then runs from the batch's creation to its group's
 arrival.
 
+``--load direct`` takes the front out, to measure the ceiling that the budgets alone set: the
+client submits the i-th rollout of a burst to daemon ``i mod N`` itself, marked as forwarded
+(``X-Rolloutd-Forwarded``, so that daemon runs it: no placement, no forwarding, no relay),
+and streams its result from that daemon. N daemons then run N independent equal shares,
+what a perfect and free front would give them; their RESULT line is that ceiling, not the
+federation's (docs/federation.md, "What limits scaling").
+
 rollouts/s: rollouts / (first submit to last result), what a trainer waiting for its batch
 sees. Latency: from the client's submit to the result's arrival in its stream (p50, p99).
 Per-daemon work: the rollouts each daemon ran, from each trajectory's ``node_id`` (the
@@ -114,6 +121,7 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
+from rolloutd.federation import FORWARDED_HEADER, FORWARDED_VALUE
 from rolloutd.sandbox._limits import _own_cgroups  # this process's cgroup per controller
 
 ROLLOUTD = Path(sys.executable).with_name("rolloutd")
@@ -730,19 +738,24 @@ class Outcome:
         return self.status == "completed" and self.reward == 1.0
 
 
-async def submit_all(http: httpx.AsyncClient, front: str, count: int, t0: float,
-                     sent: dict[str, float]) -> list[str]:
+async def submit_all(http: httpx.AsyncClient, urls: list[str], count: int, t0: float,
+                     sent: dict[str, float], where: dict[str, str]) -> list[str]:
+    """Submit ``count`` rollouts: to ``urls[0]`` (the front), or with more ``urls`` (``--load
+    direct``) the i-th to ``urls[i % len(urls)]`` marked as forwarded, so that it runs there."""
     ids: list[str | None] = [None] * count
     todo = iter(range(count))
+    direct = {FORWARDED_HEADER: FORWARDED_VALUE} if len(urls) > 1 else {}
 
     async def submitter() -> None:
         for i in todo:
             t = time.perf_counter() - t0
-            resp = await http.post(front + "/v1/rollouts", json={"task": TASK})
+            url = urls[i % len(urls)]
+            resp = await http.post(url + "/v1/rollouts", json={"task": TASK}, headers=direct)
             if resp.status_code != 202:
                 raise RuntimeError(f"submit answered {resp.status_code}: {resp.text[:300]}")
             ids[i] = job_id = resp.json()["ids"][0]
             sent[job_id] = t
+            where[job_id] = url
 
     async with trio.open_nursery() as nursery:
         for _ in range(SUBMITTERS):
@@ -750,18 +763,26 @@ async def submit_all(http: httpx.AsyncClient, front: str, count: int, t0: float,
     return [i for i in ids if i is not None]
 
 
-async def run_load(http: httpx.AsyncClient, front: str, count: int, timeout_s: float) -> list[Outcome]:
-    """Submit ``count`` rollouts in chunks; stream each chunk's results through the front as
-    soon as the chunk is in. Returns the outcomes in order of arrival; a rollout whose result
-    has not arrived after ``timeout_s`` is an outcome with status "no result"."""
+async def run_load(http: httpx.AsyncClient, urls: list[str], count: int, timeout_s: float) -> list[Outcome]:
+    """Submit ``count`` rollouts in chunks (to the front ``urls[0]``, or spread over every one
+    of ``urls``: see ``submit_all``); stream each chunk's results from where it was submitted
+    as soon as the chunk is in. Returns the outcomes in order of arrival; a rollout whose
+    result has not arrived after ``timeout_s`` is an outcome with status "no result"."""
     sent: dict[str, float] = {}
+    where: dict[str, str] = {}
     seen: set[str] = set()
     outcomes: list[Outcome] = []
     t0 = time.perf_counter()
 
     async def stream(chunk: list[str]) -> None:
+        async with trio.open_nursery() as nursery:
+            for url in urls:
+                if part := [job_id for job_id in chunk if where[job_id] == url]:
+                    nursery.start_soon(stream_from, url, part)
+
+    async def stream_from(url: str, chunk: list[str]) -> None:
         params = {"ids": ",".join(chunk)}
-        async with http.stream("GET", front + "/v1/rollouts/stream", params=params) as resp:
+        async with http.stream("GET", url + "/v1/rollouts/stream", params=params) as resp:
             resp.raise_for_status()
             async for line in resp.aiter_lines():
                 if not line.strip():
@@ -779,7 +800,7 @@ async def run_load(http: httpx.AsyncClient, front: str, count: int, timeout_s: f
     with trio.move_on_after(timeout_s):
         async with trio.open_nursery() as nursery:
             for k in range(0, count, STREAM_CHUNK):
-                ids = await submit_all(http, front, min(STREAM_CHUNK, count - k), t0, sent)
+                ids = await submit_all(http, urls, min(STREAM_CHUNK, count - k), t0, sent, where)
                 nursery.start_soon(stream, ids)
     now = time.perf_counter() - t0
     for job_id, t in sent.items():
@@ -896,6 +917,7 @@ class Run:
     rollouts: int
     timeout_s: float = 600.0
     group_size: int | None = None  # --load batch: the batch's G (None: rollouts one by one)
+    direct: bool = False  # --load direct: each rollout submitted to a daemon in turn, no front
 
 
 async def measure(run: Run, cluster: Cluster, http: httpx.AsyncClient, converge_s: float) -> Result:
@@ -904,7 +926,7 @@ async def measure(run: Run, cluster: Cluster, http: httpx.AsyncClient, converge_
     front = cluster.urls[0]
     # Warm-up: connections between the front and each peer, spare sandbox launchers, code paths.
     t_warm = time.perf_counter()
-    warm = await run_load(http, front, cluster.n * run.slots[1], timeout_s=120)
+    warm = await run_load(http, [front], cluster.n * run.slots[1], timeout_s=120)
     warm_s = time.perf_counter() - t_warm
     idx = cluster.indices
     for i in idx:
@@ -926,7 +948,8 @@ async def measure(run: Run, cluster: Cluster, http: httpx.AsyncClient, converge_
     machine0, ours0, client0 = machine_cpu_s(), budgets.total_usage_s(), client_cpu_s()
 
     if run.group_size is None:
-        outcomes = await run_load(http, front, run.rollouts, run.timeout_s)
+        outcomes = await run_load(http, cluster.urls if run.direct else [front], run.rollouts,
+                                  run.timeout_s)
     else:
         outcomes = await run_batch_load(http, front, run.rollouts, run.timeout_s, run.group_size)
 
@@ -1083,7 +1106,11 @@ async def bench(args: argparse.Namespace) -> None:
         f"Workload: code tasks, scripted backend (TEST DOUBLE) at {args.latency_s:g} s a turn, "
         f"3 turns (2 bash tool calls, then finish), bwrap sandboxes. "
         + (f"Load: one batch of groups of {args.group_size} (POST /v1/batches). "
-           if args.load == "batch" else "") + "Gossip every "
+           if args.load == "batch" else "")
+        + ("[yellow]Load: direct, NO FRONT: each daemon is given its equal share (marked "
+           "forwarded: no placement, no forwarding, no relay); the RESULT line is the ceiling "
+           "of these budgets on this machine, not the federation's.[/yellow] "
+           if args.load == "direct" else "") + "Gossip every "
         f"{gossip_interval():g} s. Work stealing: {STEALING_TEXT[args.stealing]}.")
     # A rough plan from runs on this 2-core VM: a daemon takes ~18 CPU-seconds to start
     # (imports, tokenizer), so k daemons ~20 + 10 (k - 1) s; a rollout ~0.2 CPU-seconds on
@@ -1114,7 +1141,7 @@ async def bench(args: argparse.Namespace) -> None:
                 ready_s = await wait_converged(cluster, http, timeout_s=300)
                 group = args.group_size if args.load == "batch" else None
                 r = await measure(Run(label, cluster.n, slots, cores, rollouts, args.burst_timeout_s,
-                                      group), cluster, http, ready_s)
+                                      group, args.load == "direct"), cluster, http, ready_s)
                 r.indices = list(cluster.indices)
                 console.print(describe(r))
                 return r
@@ -1270,10 +1297,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="saturation: the fewest slots within this fraction of the sweep's best")
     p.add_argument("--latency-s", type=float, default=0.4, help="the scripted backend's latency per turn")
     p.add_argument("--no-control", action="store_true", help="skip the one-daemon control")
-    p.add_argument("--load", choices=("rollouts", "batch"), default="rollouts",
+    p.add_argument("--load", choices=("rollouts", "batch", "direct"), default="rollouts",
                    help="rollouts: each submitted alone (POST /v1/rollouts) and streamed back; "
                    "batch: one dynamic-sampling batch on the front (POST /v1/batches) of "
-                   "--group-size groups, all in flight, all kept, streamed back as groups")
+                   "--group-size groups, all in flight, all kept, streamed back as groups; "
+                   "direct: no front, each daemon given its equal share (a ceiling, see above)")
     p.add_argument("--group-size", type=int, default=4, help="G of --load batch")
     p.add_argument("--repeats", type=int, default=3,
                    help="rounds: one burst of each size and of the control per round; each ratio is "
