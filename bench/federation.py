@@ -74,7 +74,8 @@ client submits the i-th rollout of a burst to daemon ``i mod N`` itself, marked 
 (``X-Rolloutd-Forwarded``, so that daemon runs it: no placement, no forwarding, no relay),
 and streams its result from that daemon. N daemons then run N independent equal shares,
 what a perfect and free front would give them; their RESULT line is that ceiling, not the
-federation's (docs/federation.md, "What limits scaling").
+federation's (docs/federation.md, "Runs of 2026-11-28, seventh session"). The warm-ups still
+go through the front.
 
 rollouts/s: rollouts / (first submit to last result), what a trainer waiting for its batch
 sees. Latency: from the client's submit to the result's arrival in its stream (p50, p99).
