@@ -170,8 +170,10 @@ class Stealer:
         # A peer that gave nothing is not asked again until a newer capacity report of it
         # (the next heartbeat): the ask would find what its last answer found, and the
         # peers asked are the busiest ones, whose CPU each ask takes.
-        peers = [m for m in self.forwarder.federation.peers()
-                 if m.state is MemberState.ALIVE and unstarted(m) > 0 and not m.capacity["draining"]
+        alive = [m for m in self.forwarder.federation.peers() if m.state is MemberState.ALIVE]
+        for node_id in self._dry.keys() - {m.node_id for m in alive}:
+            del self._dry[node_id]  # it left or died: a member that returns reports anew
+        peers = [m for m in alive if unstarted(m) > 0 and not m.capacity["draining"]
                  and self._dry.get(m.node_id) != m.version]
         ask: dict[str, Any] = {"node_id": self.node_id}
         held = self._held_images()[:MAX_HELD_IMAGES]
