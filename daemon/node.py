@@ -357,6 +357,12 @@ class Node:
                     "at a time (%s)", why)
         pool.add(make_backend({"kind": "transformers"}), backend_id=EMBEDDED_ID)
 
+    @property
+    def compile_cache(self) -> Path:
+        """Where the servers this daemon supervises keep torch's compile cache between starts
+        (``rolloutd.daemon.llm.spawn``): under ``cache_dir``, not in the node's ``/tmp``."""
+        return self.settings.cache_dir / "torchinductor"
+
     def _engine_nice(self) -> int:
         """The embedded engine's niceness: the sandboxes' CPU weight, where they got one."""
         from rolloutd.daemon.llm.cpu_engine import nice_for_weight
@@ -379,7 +385,8 @@ class Node:
                 self.embedded_dtype = dtype
                 spec = await trio.to_thread.run_sync(functools.partial(
                     embedded_server, socket_dir, log_path=s.state_dir / "logs" / "embedded-vllm.log",
-                    dtype=dtype, kv_cache_gib=s.embedded_kv_cache_gib, nice=self._engine_nice()))
+                    dtype=dtype, kv_cache_gib=s.embedded_kv_cache_gib, nice=self._engine_nice(),
+                    compile_cache=self.compile_cache))
             log.info("embedded model: starting the vLLM CPU engine in %s, as %s (log %s)", dtype,
                      why, spec.log_path)
             await supervise_server(spec, pool)
@@ -406,6 +413,7 @@ class Node:
                 port=s.spawn_vllm_port + gpu,
                 env={"CUDA_VISIBLE_DEVICES": str(gpu)},
                 warm_up=True,
+                compile_cache=self.compile_cache,
             )
             # start_soon: loading a model takes minutes; each registers itself when healthy.
             nursery.start_soon(supervise_server, spec, pool, name=spec.backend_id)

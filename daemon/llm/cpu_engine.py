@@ -170,11 +170,13 @@ def embedded_server(
     startup_timeout_s: float = 600.0,
     start_attempts: float = 2,
     nice: int = 0,
+    compile_cache: Path | None = None,
 ) -> ServerSpec:
     """The supervised vLLM CPU server for the embedded model, listening on
     ``socket_dir/vllm.sock`` (``socket_dir`` must be private to the daemon's user). Blocking
     (converts the weights on the first call ever): call it from a worker thread. ``dtype``:
-    see :func:`choose_dtype`; the spec's name says which one runs."""
+    see :func:`choose_dtype`; the spec's name says which one runs. ``compile_cache``: see
+    ``ServerSpec``."""
     uds = str(socket_dir / "vllm.sock")
     chosen, _ = choose_dtype(dtype)
     return ServerSpec(
@@ -190,6 +192,7 @@ def embedded_server(
         start_attempts=start_attempts,
         warm_up=True,
         nice=nice,
+        compile_cache=compile_cache,
     )
 
 

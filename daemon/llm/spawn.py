@@ -12,17 +12,27 @@ supervisor runs ``vllm serve`` on GPU nodes, the embedded model's vLLM CPU serve
 While a server is starting or restarting, the pool knows it is expected
 (:meth:`BackendPool.expect`), so turns wait for it (bounded by the pool's ``backend_wait_s``)
 instead of failing with ``NoBackend``.
+
+Each start of a server gets a temp dir of its own (``TMPDIR``, mode 0700), removed once the
+process group has stopped: vLLM leaves files in its temp dir at every start (its ZMQ sockets,
+``vllm_dist_*``), which would otherwise pile up in the node's ``/tmp``. Torch puts its
+inductor cache there too (``torchinductor_<user>``, with its precompiled headers: about 150 MB
+and seconds of a C++ build, always under the temp dir), so that name in the private dir is a
+link to a lasting cache (``ServerSpec.compile_cache``), kept from one start to the next.
 """
 
 from __future__ import annotations
 
+import getpass
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +96,9 @@ class ServerSpec:
     start_attempts: float = math.inf
     warm_up: bool = False  # sample a few tokens before it serves (see ``_warm_up``)
     nice: int = 0  # run it at this niceness (see ``_nice_session``)
+    #: Where torch's inductor cache lasts between starts (see the module's docs); None: where
+    #: torch would put it for this process, ``<temp dir>/torchinductor_<user>``.
+    compile_cache: Path | None = None
 
     @property
     def url(self) -> str:
@@ -195,7 +208,7 @@ async def supervise_server(
     argv = [a.format(port=spec.port, host=spec.host, uds=spec.uds or "") for a in spec.argv]
     if spec.nice:
         argv = [shutil.which("nice") or "nice", "-n", str(spec.nice), *argv]
-    env = {**os.environ, **spec.env}
+    env = dict(os.environ)  # with each start's TMPDIR, then spec.env (which may set its own)
     started = False
     restarts = failed_starts = 0
     backend = http_backend(spec.url, kind=spec.kind, name=spec.name, uds=spec.uds, checkpoint=spec.checkpoint)
@@ -203,7 +216,12 @@ async def supervise_server(
         while True:
             if spec.uds:  # a killed server leaves its socket file: the next one could not bind
                 await trio.Path(spec.uds).unlink(missing_ok=True)
-            proc = await _open(argv, env, spec.log_path)
+            scratch = await trio.to_thread.run_sync(_make_scratch, spec.backend_id, spec.compile_cache)
+            try:
+                proc = await _open(argv, {**env, "TMPDIR": str(scratch), **spec.env}, spec.log_path)
+            except BaseException:
+                await _remove_scratch(scratch)
+                raise
             if spec.nice:
                 _nice_session(proc.pid, spec.nice)
             try:
@@ -229,10 +247,39 @@ async def supervise_server(
                     raise await _failed(spec, f"did not become healthy ({exc or 'timed out'})") from None
             finally:
                 await _stop(proc)
+                await _remove_scratch(scratch)
             restarts += 1
             if restarts > spec.max_restarts:
                 raise await _failed(spec, f"gave up after {restarts} restarts")
             await trio.sleep(spec.restart_backoff_s)
+
+
+def _inductor_dir_name() -> str:
+    """The name torch gives its inductor cache under the temp dir (its ``default_cache_dir``)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    return "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user)
+
+
+def _make_scratch(backend_id: str, compile_cache: Path | None) -> Path:
+    """A new private temp dir for one start of server ``backend_id``, holding a link to the
+    lasting inductor cache ``compile_cache`` (made if missing; None: the one under this
+    process's temp dir). Blocking."""
+    name = _inductor_dir_name()
+    cache = compile_cache if compile_cache is not None else Path(tempfile.gettempdir()) / name
+    cache.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f"rolloutd-{re.sub(r'[^A-Za-z0-9_.-]', '_', backend_id)}-"))
+    (scratch / name).symlink_to(cache.resolve(), target_is_directory=True)
+    return scratch
+
+
+async def _remove_scratch(scratch: Path) -> None:
+    """Remove a stopped server's temp dir (its link, not the cache it points to); shielded, and
+    abandoned to its thread after a few seconds."""
+    with trio.move_on_after(5, shield=True):
+        await trio.to_thread.run_sync(shutil.rmtree, scratch, True, abandon_on_cancel=True)
 
 
 async def _restore_weights(backend: VLLMBackend) -> None:

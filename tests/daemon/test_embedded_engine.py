@@ -25,6 +25,7 @@ from rolloutd.daemon.llm.cpu_engine import (
 )
 from rolloutd.daemon.node import Node
 from rolloutd.daemon.trajectory import Status
+from tests._procs import environ
 
 from .conftest import make_settings
 
@@ -73,6 +74,7 @@ async def test_the_in_process_fallback_says_so(tmp_path: Path, caplog: pytest.Lo
         assert backend["id"] == EMBEDDED_ID and backend["kind"] == "transformers"
         node.request_stop()
     assert "the in-process transformers backend serves it, one request at a time" in caplog.text
+
 
 
 def _server_pids(socket_dir_prefix: str = "rolloutd-vllm-") -> list[int]:
@@ -128,6 +130,13 @@ async def test_daemon_runs_the_embedded_model_on_vllm_and_survives_its_crash(tmp
             assert synced.status is Status.completed and synced.logprobs != t.logprobs
             assert synced.turns[0].policy_version_start == 1
             (pid,) = set(_server_pids()) - before
+            # vLLM's files of this start (its ZMQ sockets, vllm_dist_*) go to a temp dir of its
+            # own, and torch's compile cache through it to the daemon's cache_dir
+            scratch = Path(environ(pid)["TMPDIR"])
+            assert any(name.startswith("vllm_dist_") for name in os.listdir(scratch))
+            (link,) = scratch.glob("torchinductor_*")
+            assert link.resolve() == (settings.cache_dir / "torchinductor").resolve()
+            assert any(link.iterdir())
             # it runs at the sandboxes' CPU weight (sandbox_cpu_weight 0.125: nice 9) where
             # they have one, so that a sandbox opening while it samples is not starved
             sup = node.services.supervisor
@@ -144,9 +153,12 @@ async def test_daemon_runs_the_embedded_model_on_vllm_and_survives_its_crash(tmp
             assert t2.logprobs == pytest.approx(synced.logprobs, abs=1e-4)
             (new_pid,) = set(_server_pids()) - before
             assert new_pid != pid
+            new_scratch = Path(environ(new_pid)["TMPDIR"])
+            assert not scratch.exists() and new_scratch.is_dir()
             log = (settings.state_dir / "logs" / "embedded-vllm.log").read_text()
             assert log.count("Application startup complete") == 2
         node.request_stop()
     with trio.fail_after(30):
         while set(_server_pids()) - before:
             await trio.sleep(0.1)
+    assert not new_scratch.exists()

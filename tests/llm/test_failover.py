@@ -1,10 +1,14 @@
 """Failover with real model-server processes (serving the scripted TEST DOUBLE for speed):
-one is killed mid-rollout; the supervisor restarts a dead ``--spawn-vllm`` style child."""
+one is killed mid-rollout; the supervisor restarts a dead ``--spawn-vllm`` style child, each
+start in a temp dir of its own."""
 
 import os
 import signal
 import socket
+import stat
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +21,7 @@ from rolloutd.daemon.llm.spawn import ServerSpec, supervise_server, vllm_serve_a
 from rolloutd.daemon.llm.vllm import ModelServerBackend
 from rolloutd.daemon.tasks.base import Prompt
 from rolloutd.daemon.trajectory import Trajectory
+from tests._procs import environ
 
 from .conftest import open_model_server
 from .test_agent import FakeToolbox, call
@@ -147,6 +152,40 @@ def test_engine_nice_matches_the_sandboxes_weight():
     assert nice_for_weight(0.125) == 9  # 1024 / 1.25**9 = 110, against the sandboxes' 128
     assert nice_for_weight(None) == 0 and nice_for_weight(1.0) == 0 and nice_for_weight(4) == 0
     assert nice_for_weight(0.001) == 19
+
+
+async def test_each_start_of_a_server_gets_a_temp_dir_of_its_own(tmp_path):
+    """Each start runs with a TMPDIR of its own (mode 0700, in this process's temp dir) that
+    links torch's inductor cache name to the lasting ``compile_cache``. The dir goes once
+    that start's server has stopped, after a crash and at the end; the cache stays."""
+    port = _free_port()
+    cache = tmp_path / "compile"
+    spec = _scripted_server("tmp-0", port, restart_backoff_s=0.1, compile_cache=cache)
+    pool = BackendPool(health_interval_s=0.5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(supervise_server, spec, pool)
+        pid = _listener_pid(port)
+        first = Path(environ(pid)["TMPDIR"])
+        assert first.parent == Path(tempfile.gettempdir()) and first.name.startswith("rolloutd-tmp-0-")
+        info = first.stat()
+        assert stat.S_IMODE(info.st_mode) == 0o700 and info.st_uid == os.getuid()
+        (link,) = first.glob("torchinductor_*")
+        assert link.is_symlink() and link.resolve() == cache.resolve() and cache.is_dir()
+        os.kill(pid, signal.SIGKILL)
+        with trio.fail_after(60):
+            while True:
+                try:
+                    if (new_pid := _listener_pid(port)) != pid:
+                        break
+                except AssertionError:  # between the two servers
+                    pass
+                await trio.sleep(0.05)
+        second = Path(environ(new_pid)["TMPDIR"])
+        assert second != first and second.is_dir() and not first.exists()
+        nursery.cancel_scope.cancel()
+    assert not second.exists() and cache.is_dir()
+    await pool.aclose()
+
 
 
 def _listener_pid(port):
