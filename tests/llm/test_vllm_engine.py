@@ -109,7 +109,10 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     socket_dir = Path(tempfile.mkdtemp(prefix="rolloutd-vllm-test-"))
-    server = _start(socket_dir, tmp_path_factory.mktemp("vllm") / "vllm.log")
+    # vLLM's files of a start (ZMQ sockets, vllm_dist_*) go with the dir, not into /tmp,
+    # as the daemon's supervisor arranges (rolloutd.daemon.llm.spawn)
+    (socket_dir / "tmp").mkdir()
+    server = _start(socket_dir, tmp_path_factory.mktemp("vllm") / "vllm.log", TMPDIR=str(socket_dir / "tmp"))
     try:
         yield server
     finally:
