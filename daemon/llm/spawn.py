@@ -24,6 +24,7 @@ link to a lasting cache (``ServerSpec.compile_cache``), kept from one start to t
 from __future__ import annotations
 
 import getpass
+import hashlib
 import logging
 import math
 import os
@@ -96,8 +97,9 @@ class ServerSpec:
     start_attempts: float = math.inf
     warm_up: bool = False  # sample a few tokens before it serves (see ``_warm_up``)
     nice: int = 0  # run it at this niceness (see ``_nice_session``)
-    #: Where torch's inductor cache lasts between starts (see the module's docs); None: where
-    #: torch would put it for this process, ``<temp dir>/torchinductor_<user>``.
+    #: Where torch's inductor cache lasts between starts (see the module's docs), one dir in it
+    #: per Python environment (see PROGRAM_FILE); None: where torch would put it for this
+    #: process, ``<temp dir>/torchinductor_<user>``.
     compile_cache: Path | None = None
 
     @property
@@ -216,7 +218,8 @@ async def supervise_server(
         while True:
             if spec.uds:  # a killed server leaves its socket file: the next one could not bind
                 await trio.Path(spec.uds).unlink(missing_ok=True)
-            scratch = await trio.to_thread.run_sync(_make_scratch, spec.backend_id, spec.compile_cache)
+            scratch = await trio.to_thread.run_sync(_make_scratch, spec.backend_id,
+                                                    spec.compile_cache, spec.argv[0])
             try:
                 proc = await _open(argv, {**env, "TMPDIR": str(scratch), **spec.env}, spec.log_path)
             except BaseException:
@@ -263,16 +266,52 @@ def _inductor_dir_name() -> str:
     return "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user)
 
 
-def _make_scratch(backend_id: str, compile_cache: Path | None) -> Path:
+def _make_scratch(backend_id: str, compile_cache: Path | None, program: str) -> Path:
     """A new private temp dir for one start of server ``backend_id``, holding a link to the
-    lasting inductor cache ``compile_cache`` (made if missing; None: the one under this
+    lasting inductor cache: in ``compile_cache``, the dir of the Python environment of the
+    server's ``program`` (its argv[0]; see ``_environment_cache``; None: the cache under this
     process's temp dir). Blocking."""
     name = _inductor_dir_name()
-    cache = compile_cache if compile_cache is not None else Path(tempfile.gettempdir()) / name
-    cache.mkdir(parents=True, exist_ok=True)
+    if compile_cache is None:
+        cache = Path(tempfile.gettempdir()) / name
+        cache.mkdir(parents=True, exist_ok=True)
+    else:  # the program as found on PATH (a venv's bin/python, links not followed)
+        cache = _environment_cache(compile_cache, os.path.abspath(shutil.which(program) or program))
     scratch = Path(tempfile.mkdtemp(prefix=f"rolloutd-{re.sub(r'[^A-Za-z0-9_.-]', '_', backend_id)}-"))
     (scratch / name).symlink_to(cache.resolve(), target_is_directory=True)
     return scratch
+
+
+#: A lasting compile cache holds one dir per Python environment that ran a server: torch
+#: builds its precompiled header with that environment's include paths (about 150 MB each),
+#: so every new virtualenv (every fresh clone of a CI run) would add one. Each dir is named by
+#: a hash of the server's program path (``argv[0]`` as found on PATH, links not followed: a
+#: venv's ``bin/python``) and records it in this file; a dir whose program is gone (the venv
+#: was deleted) is removed when a server starts.
+PROGRAM_FILE = "program"
+
+
+def _environment_cache(base: Path, program: str) -> Path:
+    """``base``'s dir for the environment of ``program``, made if missing; the dirs of
+    environments whose program no longer exists removed. Blocking."""
+    base.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(program.encode()).hexdigest()[:16]
+    for entry in base.iterdir():
+        if entry.name == key or not entry.is_dir():
+            continue
+        try:
+            recorded = (entry / PROGRAM_FILE).read_text()
+        except OSError:  # not one of these dirs: left alone
+            continue
+        if not os.path.lexists(recorded):
+            log.info("removing the compile cache of %s (it no longer exists)", recorded)
+            shutil.rmtree(entry, ignore_errors=True)
+    mine = base / key
+    mine.mkdir(exist_ok=True)
+    marker = mine / PROGRAM_FILE
+    if not marker.exists():
+        marker.write_text(program)
+    return mine
 
 
 async def _remove_scratch(scratch: Path) -> None:

@@ -135,7 +135,7 @@ async def test_daemon_runs_the_embedded_model_on_vllm_and_survives_its_crash(tmp
             scratch = Path(environ(pid)["TMPDIR"])
             assert any(name.startswith("vllm_dist_") for name in os.listdir(scratch))
             (link,) = scratch.glob("torchinductor_*")
-            assert link.resolve() == (settings.cache_dir / "torchinductor").resolve()
+            assert link.resolve().parent == (settings.cache_dir / "torchinductor").resolve()
             assert any(link.iterdir())
             # it runs at the sandboxes' CPU weight (sandbox_cpu_weight 0.125: nice 9) where
             # they have one, so that a sandbox opening while it samples is not starved

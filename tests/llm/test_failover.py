@@ -156,10 +156,17 @@ def test_engine_nice_matches_the_sandboxes_weight():
 
 async def test_each_start_of_a_server_gets_a_temp_dir_of_its_own(tmp_path):
     """Each start runs with a TMPDIR of its own (mode 0700, in this process's temp dir) that
-    links torch's inductor cache name to the lasting ``compile_cache``. The dir goes once
-    that start's server has stopped, after a crash and at the end; the cache stays."""
+    links torch's inductor cache name to the lasting ``compile_cache``: its dir for the
+    server's Python environment, where the dir of an environment that is gone no longer is.
+    The TMPDIR goes once that start's server has stopped, after a crash and at the end; the
+    cache stays."""
     port = _free_port()
     cache = tmp_path / "compile"
+    gone = cache / "0123456789abcdef"  # a deleted venv's cache
+    gone.mkdir(parents=True)
+    (gone / "program").write_text(str(tmp_path / "deleted-venv" / "bin" / "python"))
+    other = cache / "not-ours"  # no record of a program: left alone
+    other.mkdir()
     spec = _scripted_server("tmp-0", port, restart_backoff_s=0.1, compile_cache=cache)
     pool = BackendPool(health_interval_s=0.5)
     async with trio.open_nursery() as nursery:
@@ -170,7 +177,10 @@ async def test_each_start_of_a_server_gets_a_temp_dir_of_its_own(tmp_path):
         info = first.stat()
         assert stat.S_IMODE(info.st_mode) == 0o700 and info.st_uid == os.getuid()
         (link,) = first.glob("torchinductor_*")
-        assert link.is_symlink() and link.resolve() == cache.resolve() and cache.is_dir()
+        mine = link.resolve()
+        assert link.is_symlink() and mine.parent == cache.resolve()
+        assert (link / "program").read_text() == os.path.abspath(sys.executable)
+        assert not gone.exists() and other.is_dir()
         os.kill(pid, signal.SIGKILL)
         with trio.fail_after(60):
             while True:
@@ -183,7 +193,7 @@ async def test_each_start_of_a_server_gets_a_temp_dir_of_its_own(tmp_path):
         second = Path(environ(new_pid)["TMPDIR"])
         assert second != first and second.is_dir() and not first.exists()
         nursery.cancel_scope.cancel()
-    assert not second.exists() and cache.is_dir()
+    assert not second.exists() and (mine / "program").is_file()
     await pool.aclose()
 
 
