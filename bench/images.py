@@ -23,7 +23,9 @@ pytest, ipykernel; one layer, built once under ~/.cache/rolloutd-test-images).
 4. density: ``--concurrent`` image sandboxes open at once (memory_mb 64, pids_max 32,
    disk_mb 64), each answering ``cat /etc/rolloutd-image`` and holding a ``sleep 60``.
 5. leaks: after everything, sandbox processes (environ marker), mounts under the state
-   dir, sandbox dirs, cgroups, and whether the store still counts the image as in use.
+   dir, sandbox dirs, cgroups, and whether the store still counts the image as in use; and
+   after 3b, the processes ``rolloutd-test`` still runs (its sandboxes' mounts and
+   namespaces go with them).
 
 Run order: 1, 2, 4, 5, then 3 as root, 3b, 3 rootless (podman's store and runs come after
 every sandbox is closed, so they do not add to the density phase's memory figure).
@@ -337,6 +339,26 @@ def rootless_opens(layout: Path, ref_of: Any, n: int) -> tuple[list[float], str]
         _nonroot.remove_user_tmp()
 
 
+def user_processes(name: str, settle_s: float = 3.0) -> int:
+    """How many live processes ``name`` still runs, once they had ``settle_s`` to end.
+    Zombies are not counted: a sandbox's helper outlives its bwrap for an instant, and with
+    bwrap gone it is the host's init that reaps it (see docs/sandbox.md, Teardown)."""
+    uid = pwd.getpwnam(name).pw_uid
+    deadline = time.monotonic() + settle_s
+    while True:
+        count = 0
+        for entry in os.listdir("/proc"):
+            try:
+                if entry.isdigit() and os.stat(f"/proc/{entry}").st_uid == uid:
+                    with open(f"/proc/{entry}/stat") as f:
+                        count += f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            except OSError:  # ended meanwhile
+                pass
+        if count == 0 or time.monotonic() > deadline:
+            return count
+        time.sleep(0.1)
+
+
 # ---------------------------------------------------------------------------- main
 
 
@@ -397,6 +419,9 @@ async def main(args: argparse.Namespace) -> None:
         rl_note = ro_note = "skipped (--no-rootless)"
         if not args.no_rootless:  # the rootless pair, one right after the other
             ro, ro_note = await trio.to_thread.run_sync(rootless_opens, layout, imgs.oci_ref, args.n)
+            if ro:  # its sandboxes closed with its backend: none of that user's processes is left
+                leaks["rootless processes"] = await trio.to_thread.run_sync(user_processes,
+                                                                            ROOTLESS_USER)
             rl, rl_note = await trio.to_thread.run_sync(
                 rootless_podman, layout, imgs.tag, args.podman_n)
         speedup = pm_p50 / p50
