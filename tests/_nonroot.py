@@ -7,12 +7,13 @@ by that user), and run pytest there with Debian's /usr/bin/python3 under ``runus
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 USER = "rolloutd-test"
@@ -79,13 +80,24 @@ def remove_user_tmp() -> None:
                     "-exec", "rm", "-rf", "{}", "+"], capture_output=True)
 
 
+@contextlib.contextmanager
+def unprivileged_root(prefix: str) -> Iterator[tuple[Path, Path]]:
+    """A new dir under /tmp (``prefix``*) for a run as USER (made if missing), with the sandbox
+    package installed in it: yields (the dir, its site dir); removed afterwards, with what
+    USER left at the top of /tmp. Call ``open_to_all`` once the run's files are in."""
+    ensure_user()
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        yield root, install_sandbox(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        remove_user_tmp()
+
+
 def run_as_unprivileged(files: Sequence[str], target: str, *, env: Mapping[str, str] = {},
                         pytest_args: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
     """Copy ``files`` (paths relative to the repo) and run pytest on ``target`` as USER."""
-    ensure_user()
-    root = Path(tempfile.mkdtemp(prefix="rldn", dir="/tmp"))
-    try:
-        site = install_sandbox(root)
+    with unprivileged_root("rldn") as (root, site):
         for rel in ("tests/__init__.py", *files):
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(REPO / rel, root / rel)
@@ -94,6 +106,3 @@ def run_as_unprivileged(files: Sequence[str], target: str, *, env: Mapping[str, 
         return run_as_user(["/usr/bin/python3", "-m", "pytest", "-q", "-p", "pytest_trio.plugin",
                             "-p", "no:cacheprovider", *pytest_args, target],
                            cwd=root, site=site, env=env)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-        remove_user_tmp()
