@@ -47,8 +47,11 @@ def main() -> None:
     uds = str(sock_dir / "vllm.sock")
     argv = _served_as(server_argv(uds), MODEL)
     log = sock_dir / "vllm.log"
+    # vLLM's files of a start (ZMQ sockets, vllm_dist_*) go with the dir, not into /tmp.
+    (sock_dir / "tmp").mkdir()
+    proc_env = {**os.environ, **server_env(1), "TMPDIR": str(sock_dir / "tmp")}
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, env={**os.environ, **server_env(1)}, stdout=out, stderr=out,
+        proc = subprocess.Popen(argv, env=proc_env, stdout=out, stderr=out,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     client = httpx.Client(base_url="http://localhost", transport=httpx.HTTPTransport(uds=uds), timeout=120)
     try:
