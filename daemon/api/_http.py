@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any, ClassVar, TypeVar
 
@@ -225,11 +225,15 @@ def parse(model: type[BaseModel], data: Any) -> Any:
         raise InvalidRequest(details) from None
 
 
-def json_text(text: str | bytes, status: int = 200) -> Response:
+def json_text(text: str | bytes, status: int = 200,
+              headers: Mapping[str, str] | None = None) -> Response:
     """An answer whose JSON is serialized already: a trajectory from ``model_dump_json`` (pydantic's
     serializer, several times faster than a dict through the JSON provider: 8 against 53 ms for
-    four trajectories of 32,000 tokens), or a peer's answer relayed as it came."""
-    return Response(text, status=status, mimetype="application/json")
+    four trajectories of 32,000 tokens), or a peer's answer relayed as it came. A hot route's
+    small answer too: quart-schema converts each dict a route returns, and each dict of
+    headers, through a new pydantic ``TypeAdapter`` (about 30 us each here), and a ``Response``
+    it passes through as it is."""
+    return Response(text, status=status, headers=dict(headers or {}), mimetype="application/json")
 
 
 def ndjson(lines: AsyncGenerator[str]) -> Response:

@@ -160,7 +160,7 @@ def register(app: QuartTrio, rollouts: Rollouts, *, max_timeout_s: float) -> Non
         if not wait:
             body = SubmitResponse(group_id=result.group_id, ids=[j.id for j in result.jobs],
                                   replayed=result.replayed)
-            return body.model_dump(), 202, rollouts.accepted_headers(headers)
+            return json_text(body.model_dump_json(), 202, rollouts.accepted_headers(headers))
         trajectories = ",".join(j.trajectory.model_dump_json() for j in result.jobs)
         return json_text(f'{{"group_id":{json.dumps(result.group_id)},"rollouts":[{trajectories}]}}')
 

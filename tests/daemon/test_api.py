@@ -105,6 +105,17 @@ async def test_idempotency(asgi):
         assert r.status_code == 409 and r.json()["error"]["type"] == "idempotency_conflict"
 
 
+async def test_submit_answers_202_with_group_ids_and_replayed(asgi):
+    """The 202 is built as text (not a dict through quart-schema's conversion): same JSON."""
+    client, _ = await asgi()
+    async with client:
+        r = await client.post("/v1/rollouts", json={"task": sleep_task(), "n": 2})
+        assert r.status_code == 202 and r.headers["content-type"] == "application/json"
+        body = r.json()
+        assert set(body) == {"group_id", "ids", "replayed"} and body["replayed"] is False
+        assert len(body["ids"]) == 2 and all(isinstance(i, str) for i in body["ids"])
+
+
 @pytest.mark.parametrize(
     ("content", "status", "etype"),
     [
