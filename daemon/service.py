@@ -7,7 +7,7 @@ import json
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,6 +48,10 @@ class RolloutRequest(BaseModel):
     labels: list[str] = Field(default_factory=list, max_length=32)
 
 
+#: A rollout's id as a peer hands it over (the form ``new_id`` makes).
+SampleId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")]
+
+
 class QueuedSample(BaseModel):
     """One queued sample as it moves to a federation peer (work stealing): all it needs to
     run there under the same id. ``timeout_s`` is what is left of its budget (an INIT that
@@ -55,7 +59,7 @@ class QueuedSample(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
+    id: SampleId
     group_id: str = Field(min_length=1, max_length=200)
     sample_index: int = Field(ge=0)
     batch_id: str | None = Field(None, max_length=200)
