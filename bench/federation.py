@@ -710,7 +710,7 @@ async def gossip_counts(cluster: Cluster, http: httpx.AsyncClient) -> list[int |
     return out
 
 
-FRONT_COUNTS = ("forwarded_total", "relay_probes", "relay_lookups", "batch_placed")
+FRONT_COUNTS = ("forwarded_total", "relay_probes", "relay_lookups", "batch_placed", "submit_requests")
 
 
 async def front_counts(cluster: Cluster, http: httpx.AsyncClient) -> list[int]:
@@ -866,6 +866,7 @@ class Result:
     work_source: str
     forwarded: int
     sweeps: tuple[int, int]  # the front's relays' safety net: (status listings, trajectory lookups)
+    forward_requests: int  # the requests that carried the forwarded submits (0: a front without outboxes)
     cpu_s: list[float]  # per daemon, cgroup (sandboxes included)
     proc_cpu_s: list[float]  # per daemon, the daemon process alone
     throttled_s: list[float]
@@ -973,6 +974,7 @@ async def measure(run: Run, cluster: Cluster, http: httpx.AsyncClient, converge_
         outcomes=outcomes, converge_s=converge_s, work=work, work_source=source,
         forwarded=fwd1[0] - fwd0[0] + fwd1[3] - fwd0[3],  # submits forwarded, batch samples placed
         sweeps=(fwd1[1] - fwd0[1], fwd1[2] - fwd0[2]),
+        forward_requests=fwd1[4] - fwd0[4],
         cpu_s=[b - a for a, b in zip(cpu0, cpu1, strict=True)],
         proc_cpu_s=[b - a for a, b in zip(pcpu0, pcpu1, strict=True)],
         throttled_s=[b - a for a, b in zip(thr0, thr1, strict=True)],
@@ -994,7 +996,8 @@ def describe(r: Result) -> str:
             f"p50 {r.latency(0.5):.1f} s, p99 {r.latency(0.99):.1f} s, work {r.work}, "
             f"CPU s {[round(c, 1) for c in r.cpu_s]}, last result s {[round(t, 1) for t in r.last_s]}, "
             f"last submit sent at {max(o.submitted for o in r.outcomes):.1f} s{fails} (waited {r.converge_s:.0f} s for "
-            f"start-up, warm-up {r.warm_s:.0f} s; the front's relays swept with "
+            f"start-up, warm-up {r.warm_s:.0f} s; the front forwarded {r.forwarded} rollouts, its "
+            f"outboxes sent {r.forward_requests} requests, its relays swept with "
             f"{r.sweeps[0]} listings and {r.sweeps[1]} lookups)")
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from rolloutd.daemon.batch import Batch, BatchRequest
-from rolloutd.daemon.errors import BadRequest, NotFound, ServiceUnavailable
+from rolloutd.daemon.errors import BadRequest, NotFound, RequestError, ServiceUnavailable
 from rolloutd.daemon.forward import Forwarder, PeerAnswer, PeerTrajectory, PeerUnavailable
 from rolloutd.daemon.images import PrefetchRequest, task_images
 from rolloutd.daemon.jobs import Job, RolloutFilter
@@ -128,6 +128,34 @@ class Front:
         if wait:
             await self.service.wait(sub.jobs)
         return sub
+
+    async def accept_forwarded(self, origin: str, items: list[tuple[RolloutRequest, list[str]]]
+                               ) -> list[Submitted | RequestError]:
+        """Submits that peer ``origin`` forwarded in one request (``POST /v1/federation/submit``),
+        each a request and the ids that peer chose: each accepted as a forwarded ``POST
+        /v1/rollouts`` is (never forwarded again), or its error; one journal sync for them all."""
+        results: list[Submitted | RequestError] = []
+        for req, ids in items:
+            try:
+                results.append(self._intake(req, ids=ids))
+            except RequestError as exc:
+                results.append(exc)
+        taken = [(sub, req) for sub, (req, _) in zip(results, items, strict=True)
+                 if isinstance(sub, Submitted)]
+        if not taken:
+            return results
+        try:
+            await self.journal.sync()
+        except JournalError as exc:
+            for sub, req in taken:
+                self.service.withdraw(sub, req.idempotency_key)
+            refused = ServiceUnavailable(f"{exc}; the rollouts were not accepted", retry_after_s=RETRY_AFTER_S)
+            return [refused if isinstance(r, Submitted) else r for r in results]
+        for sub, _ in taken:
+            if not sub.replayed:
+                for job in sub.jobs:
+                    job.forwarded_from = origin
+        return results
 
     def submit_group(self, req: RolloutRequest, *, batch_id: str | None = None) -> Submitted:
         """A batch's group (the sampler's intake): accepted here, and placed as a client's

@@ -130,6 +130,8 @@ _FEDERATION_COUNTERS = (
      "Gossip exchanges a peer refused (401/403: the federation's token differs)"),
     (("gossip", "refutations"), "gossip_refutations", "Times this daemon refuted a suspicion of itself"),
     (("forwarded_total",), "forwarded", "Rollouts this daemon forwarded to peers"),
+    (("submit_requests",), "forward_requests",
+     "Requests that carried submits this daemon forwarded to peers (one or more submits each)"),
     (("relay_probes",), "relay_probes", "Listings of a peer's undelivered rollouts (relay sweeps)"),
     (("relay_lookups",), "relay_lookups", "Lookups of one forwarded rollout's trajectory"),
     (("taken_over",), "taken_over", "Queued rollouts this daemon took from busier peers"),

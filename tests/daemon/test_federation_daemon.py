@@ -724,3 +724,74 @@ async def test_the_prefetch_route_answers_bad_input_with_a_clear_4xx(tmp_path, n
         assert resp.status_code == 401
     for node, _ in cluster:
         node.request_stop()
+
+
+async def test_a_peer_takes_forwarded_submits_in_one_request_each_answered_on_its_own(tmp_path, nursery):
+    """POST /v1/federation/submit: each submit is taken (or refused) as a forwarded POST
+    /v1/rollouts of it would be, under the ids the front chose; a retry of the request makes
+    no second copy; the answer carries the peer's version after it took them."""
+    cluster = await start_cluster(tmp_path, nursery)
+    front, peer = cluster[0][0], cluster[1][0]
+    assert peer.federation is not None
+    url = peer.urls[0] + "/v1/federation/submit"
+    body = {"origin": front.node_id, "submits": [
+        {"ids": ["r-fs-1"], "request": {"task": sleep_task(run_s=0.05), "idempotency_key": "fwd-1"}},
+        {"ids": ["r-fs-2"], "request": {"task": sleep_task(), "n": "two"}},
+        {"ids": ["r-fs-3", "r-fs-4"], "request": {"task": sleep_task(run_s=0.05), "n": 2,
+                                                  "idempotency_key": "fwd-2"}},
+        {"ids": ["r-fs-5"], "request": {"task": {"kind": "nope"}}},
+        {"ids": ["r-fs-6"], "request": {"task": sleep_task(run_s=0.05), "n": 2}},  # 2 samples, 1 id
+    ]}
+    async with httpx.AsyncClient(headers=forward_headers("fedtok")) as http:
+        before = peer.federation.version
+        resp = await http.post(url, json=body)
+        assert resp.status_code == 200, resp.text
+        at = took_at(resp.headers)
+        assert at is not None and before <= at <= peer.federation.version
+        answers = resp.json()["answers"]
+        assert [a["status"] for a in answers] == [202, 422, 202, 422, 422]
+        assert answers[0]["body"]["ids"] == ["r-fs-1"] and answers[0]["body"]["replayed"] is False
+        assert answers[2]["body"]["ids"] == ["r-fs-3", "r-fs-4"]
+        assert [answers[k]["body"]["error"]["type"] for k in (1, 3, 4)] == [
+            "invalid_request", "invalid_task", "invalid_task"]
+        for job_id in ("r-fs-1", "r-fs-3"):
+            assert peer.service.get(job_id).forwarded_from == front.node_id
+        again = (await http.post(url, json=body)).json()["answers"]  # the front's retry
+        assert [a["status"] for a in again] == [202, 422, 202, 422, 422]
+        assert again[0]["body"]["replayed"] and again[2]["body"]["ids"] == ["r-fs-3", "r-fs-4"]
+        taken = {"ids": ["r-fs-1"], "request": {"task": sleep_task(run_s=0.05)}}  # id in use
+        [used] = (await http.post(url, json={"origin": "x", "submits": [taken]})).json()["answers"]
+        assert used["status"] == 409 and used["body"]["error"]["type"] == "idempotency_conflict"
+        for bad in ({"origin": "x", "submits": []},
+                    {"origin": "x", "submits": [taken, taken]},  # an id twice
+                    {"origin": "x", "submits": [{"ids": ["bad id"], "request": {}}]},
+                    {"origin": "x", "submits": [{"ids": ["r-fs-9"], "request": {}}] * 65}):
+            r = await http.post(url, json=bad)
+            assert r.status_code == 422 and r.json()["error"]["type"] == "invalid_request", r.text
+    for node, _ in cluster:
+        node.request_stop()
+
+
+async def test_a_burst_of_submits_reaches_each_peer_in_a_few_requests(tmp_path, nursery):
+    """A front with its slots full forwards a burst of single submits; those it takes in while
+    a request to a peer is open go to that peer together. Each runs once, under its id."""
+    cluster = await start_cluster(tmp_path, nursery)
+    front = cluster[0][0]
+    assert front.forwarder is not None
+    async with AsyncClient(front.urls[0], token="fedtok") as c:
+        ids: list[str] = []
+
+        async def submit() -> None:
+            ids.extend((await c.submit(sleep_task(run_s=0.05))).ids)
+
+        async with trio.open_nursery() as burst:
+            for _ in range(40):
+                burst.start_soon(submit)
+        trajs = await c.wait(ids)
+    assert sorted(t.id for t in trajs) == sorted(ids) and len(ids) == 40
+    assert {t.status.value for t in trajs} == {"completed"}
+    assert sum(executed(node) for node, _ in cluster) == 40
+    stats = front.forwarder.statistics()
+    assert stats["forwarded_total"] > stats["submit_requests"] > 0, stats
+    for node, _ in cluster:
+        node.request_stop()

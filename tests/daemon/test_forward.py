@@ -3,6 +3,7 @@ may run elsewhere; what may have reached it is ``failed`` (``peer_lost``), never
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -20,6 +21,9 @@ class Peer:
     - ``"hang"``: takes the connection and the request, never answers (a partition);
     - ``"slam"``: closes every connection as soon as the request arrived (a crash);
     - ``"answer"``: answers each request with ``status`` and ``body`` (bytes: sent as they are).
+      A ``POST /v1/federation/submit`` (forwarded submits, several at once) is answered 200
+      with ``status`` and ``body`` for each submit it carries; unless ``submits_route`` is
+      False (an older version): then it is answered 404, like any path that is no route.
     """
 
     def __init__(self, mode: str, status: int = 200, body: object = None) -> None:
@@ -30,6 +34,9 @@ class Peer:
         self.gate: trio.Event | None = None  # when set: answers wait for it
         self.hang_streams = False  # a stream request gets no answer
         self.listing: tuple[int, object] | None = None  # when set: answers GET /v1/rollouts?...
+        self.submits_route = True
+        self.route_answer: tuple[int, object] | None = None  # when set: the submit route's answer
+        self.bodies: list[bytes] = []  # each request's body
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -45,7 +52,16 @@ class Peer:
                 if not chunk:
                     return
                 data += chunk
+            head, _, sent = data.partition(b"\r\n\r\n")
+            length = next((int(line.split(b":", 1)[1]) for line in head.lower().split(b"\r\n")
+                           if line.startswith(b"content-length:")), 0)
+            while len(sent) < length and self.mode != "slam":
+                chunk = await stream.receive_some()
+                if not chunk:
+                    return
+                sent += chunk
             self.requests.append(data)
+            self.bodies.append(sent)
             self.at.append(trio.current_time())
             if self.mode == "hang" or (self.hang_streams and b"/v1/rollouts/stream" in data):
                 await trio.sleep_forever()
@@ -55,6 +71,14 @@ class Peer:
                 status, body = self.status, self.body
                 if self.listing is not None and data.startswith(b"GET /v1/rollouts?"):
                     status, body = self.listing
+                if data.startswith(b"POST /v1/federation/submit "):
+                    if self.route_answer is not None:
+                        status, body = self.route_answer
+                    elif self.submits_route:
+                        n = len(json.loads(sent)["submits"])
+                        status, body = 200, {"answers": [{"status": status, "body": body}] * n}
+                    else:
+                        status, body = 404, {"error": {"type": "not_found", "message": "no route"}}
                 payload = body if isinstance(body, bytes) else json.dumps(body).encode()
                 head = (f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n"
                         f"content-length: {len(payload)}\r\nconnection: close\r\n\r\n")
@@ -469,3 +493,136 @@ async def test_a_broken_stream_asks_the_listing_not_every_rollout(nursery, monke
     listings = [a for a in asked if a.startswith(b"/v1/rollouts?")]
     assert 3 <= len(listings) <= 6, asked
     assert set(found) == {f"/v1/rollouts/{done}".encode()} and len(found) <= len(listings), asked
+
+
+# ---- the outbox: submits forwarded to one peer meanwhile go in one request ------------------
+
+
+def submits_of(peer: Peer, k: int) -> list[dict]:
+    """The submits that request ``k`` to the peer carried (POST /v1/federation/submit)."""
+    assert peer.requests[k].startswith(b"POST /v1/federation/submit ")
+    return json.loads(peer.bodies[k])["submits"]
+
+
+async def test_submits_forwarded_while_a_request_is_open_go_together_in_the_next(nursery):
+    """The first goes at once; the five taken in while the peer holds it go in one request,
+    each answered on its own with its own ids."""
+    fwd = await forwarder(nursery)
+    peer = Peer("answer", 202, {"group_id": "g", "ids": []})
+    peer.gate = trio.Event()
+    await nursery.start(peer.serve)
+    meet(fwd, peer)
+    answers = []
+
+    async def submit(k: int) -> None:
+        answers.append(await fwd.submit(peer.member, {**BODY, "labels": [f"k{k}"]}, 2, wait=False))
+
+    nursery.start_soon(submit, 0)
+    with trio.fail_after(5):
+        while not peer.requests:
+            await trio.sleep(0.01)
+    for k in range(1, 6):
+        nursery.start_soon(submit, k)
+    await trio.sleep(0.1)
+    assert len(peer.requests) == 1  # the others wait for the open request
+    peer.gate.set()
+    with trio.fail_after(5):
+        while len(answers) < 6:
+            await trio.sleep(0.01)
+    assert len(peer.requests) == 2
+    first, rest = submits_of(peer, 0), submits_of(peer, 1)
+    assert [s["request"]["labels"] for s in first] == [["k0"]]
+    assert sorted(s["request"]["labels"][0] for s in rest) == ["k1", "k2", "k3", "k4", "k5"]
+    assert all(s["request"]["idempotency_key"].startswith("fwd-") and len(s["ids"]) == 2 for s in rest)
+    assert json.loads(peer.bodies[1])["origin"] == "front"
+    assert {a.status for a in answers} == {202}
+    sent_ids = sorted(i for s in first + rest for i in s["ids"])
+    assert sorted(fwd.live.jobs_on("peer")) == sent_ids and len(sent_ids) == 12
+    assert fwd.statistics()["submit_requests"] == 2 and fwd.statistics()["forwarded_total"] == 12
+    assert all(a.raw == json.dumps(a.body, separators=(",", ":")).encode() for a in answers)
+
+
+async def test_a_peer_without_the_submits_route_is_sent_one_request_per_submit(nursery):
+    """An older peer answers 404 to the route: that request held nothing it took, so its
+    submits go the old way (POST /v1/rollouts with the ids in headers), and so does every
+    later one to that peer."""
+    fwd = await forwarder(nursery)
+    peer = Peer("answer", 202, {"group_id": "g", "ids": []})
+    peer.submits_route = False
+    await nursery.start(peer.serve)
+    meet(fwd, peer)
+    for _ in range(2):
+        assert (await fwd.submit(peer.member, BODY, 2, wait=False)).status == 202
+    paths = [r.split(b" ", 2)[1] for r in peer.requests]
+    assert paths == [b"/v1/federation/submit", b"/v1/rollouts", b"/v1/rollouts"]
+    assert len(fwd.live) == 4 and fwd.statistics()["forwarded_total"] == 4
+
+
+async def test_submits_too_large_together_for_the_peer_go_one_request_each(nursery):
+    fwd = await forwarder(nursery)
+    peer = Peer("answer", 202, {"group_id": "g", "ids": []})
+    peer.route_answer = (413, {"error": {"type": "body_too_large", "message": "too large"}})
+    await nursery.start(peer.serve)
+    meet(fwd, peer)
+    for _ in range(2):
+        assert (await fwd.submit(peer.member, BODY, 2, wait=False)).status == 202
+    paths = [r.split(b" ", 2)[1] for r in peer.requests]
+    assert paths == [b"/v1/federation/submit", b"/v1/rollouts"] * 2  # the route is tried again
+    assert len(fwd.live) == 4
+
+
+async def test_a_submit_whose_client_left_before_it_was_sent_never_leaves(nursery):
+    fwd = await forwarder(nursery)
+    peer = Peer("answer", 202, {"group_id": "g", "ids": []})
+    peer.gate = trio.Event()
+    await nursery.start(peer.serve)
+    meet(fwd, peer)
+    nursery.start_soon(functools.partial(fwd.submit, peer.member, BODY, 2, wait=False))
+    with trio.fail_after(5):
+        while not peer.requests:
+            await trio.sleep(0.01)
+    with trio.move_on_after(0.1):  # the client goes away while its submit waits in the outbox
+        await fwd.submit(peer.member, {**BODY, "labels": ["gone"]}, 2, wait=False)
+    assert len(fwd.live) == 2  # only the first's ids
+    peer.gate.set()
+    with trio.fail_after(5):
+        while fwd.statistics()["forwarded_total"] < 2:
+            await trio.sleep(0.01)
+    await trio.sleep(0.1)
+    assert len(peer.requests) == 1 and len(fwd.live) == 2
+
+
+@pytest.mark.parametrize("status", [400, 429, 503])
+async def test_a_refusal_of_the_whole_request_is_proof_the_peer_holds_none(nursery, status):
+    """429, 503 (draining, full): the front may run them itself; a 4xx (the request refused
+    as a whole): the client hears it, and the front holds nothing of them either."""
+    fwd = await forwarder(nursery)
+    peer = Peer("answer")
+    peer.route_answer = (status, {"error": {"type": "x", "message": "refused"}})
+    await nursery.start(peer.serve)
+    meet(fwd, peer)
+    if status == 400:
+        answer = await fwd.submit(peer.member, BODY, 2, wait=False)
+        assert answer.status == 400 and answer.body["error"]["message"] == "refused"
+    else:
+        with pytest.raises(PeerUnavailable):
+            await fwd.submit(peer.member, BODY, 2, wait=False)
+    assert len(fwd.live) == 0 and not fwd.statistics()["lost"]
+
+
+@pytest.mark.parametrize("how", ["slam", "500", "garbled"])
+async def test_submits_sent_and_never_answered_are_lost_not_run_twice(nursery, how):
+    """The request reached the peer (it may hold them): no answer after the retry, a 500 (a
+    bug that may have struck half-way), or a 200 that is not the answers: every submit in it
+    is failed/peer_lost, and PeerUnavailable is NOT raised (the front does not run them)."""
+    fwd = await forwarder(nursery)
+    peer = Peer("slam") if how == "slam" else Peer("answer")
+    peer.route_answer = {"500": (500, {"error": {"type": "internal", "message": "bug"}}),
+                         "garbled": (200, {"answers": "?"}), "slam": None}[how]
+    await nursery.start(peer.serve)
+    meet(fwd, peer)
+    answer = await fwd.submit(peer.member, BODY, 2, wait=False)
+    assert answer.status == 202 and len(answer.body["ids"]) == 2
+    for job_id in answer.body["ids"]:
+        assert (await fwd.get(job_id)).body["error"]["type"] == "peer_lost"
+    assert len(peer.requests) == (2 if how == "slam" else 1)  # the slammed one was retried once
