@@ -675,7 +675,9 @@ class Forwarder:
         await trio.lowlevel.checkpoint()
 
     async def on_rejoin(self, member: Member) -> None:
-        """A peer we declared dead is back: cancel what it may still run for us."""
+        """A peer we declared dead is back: cancel what it may still run for us. It may be
+        back as a newer version (a restart): its submits go through the outbox again."""
+        self._alone.discard(member.node_id)
         for job_id in self.live.take_orphans(member.node_id):
             try:
                 await self._client().delete(f"{member.url}/v1/rollouts/{job_id}")

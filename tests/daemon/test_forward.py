@@ -556,6 +556,10 @@ async def test_a_peer_without_the_submits_route_is_sent_one_request_per_submit(n
     paths = [r.split(b" ", 2)[1] for r in peer.requests]
     assert paths == [b"/v1/federation/submit", b"/v1/rollouts", b"/v1/rollouts"]
     assert len(fwd.live) == 4 and fwd.statistics()["forwarded_total"] == 4
+    peer.submits_route = True  # it comes back (dead, then alive) as a newer version
+    await fwd.on_rejoin(peer.member)
+    assert (await fwd.submit(peer.member, BODY, 2, wait=False)).status == 202
+    assert peer.requests[-1].startswith(b"POST /v1/federation/submit ")
 
 
 async def test_submits_too_large_together_for_the_peer_go_one_request_each(nursery):
