@@ -7,7 +7,7 @@ on a veth pair to a bridge that holds the benchmark client's 10.231.0.254; enter
 otherwise all of them listen on loopback ports (`--net loopback` forces that). They federate
 through their seeds. Every rollout is submitted to one daemon, the front, which runs it or
 forwards it, and every result is streamed back through the front. The daemons run with
-their default settings (gossip, placement; work stealing is off by default) but for the
+their default settings (gossip, placement; work stealing, on by default since 2026-11-29) but for the
 slots, the backend and the sandboxes; ``--stealing on|off`` writes ``work_stealing`` (only
 where the daemon has that setting), ``--gossip-udp on|off`` writes ``gossip_udp`` (gossip in
 datagrams, on by default) and ``--gossip-interval-s`` sets the gossip interval.
@@ -213,7 +213,7 @@ GOSSIP_INTERVAL_S: float | None = None
 IDLE_S = 3.0
 
 
-STEALING_TEXT = {None: "the daemons' default (off)", True: "on", False: "off"}
+STEALING_TEXT = {None: "the daemons' default", True: "on", False: "off"}
 
 
 def stealing_setting_exists() -> bool:
@@ -1311,7 +1311,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="rounds: one burst of each size and of the control per round; each ratio is "
                    "taken within a round and its median over the rounds is the RESULT")
     p.add_argument("--stealing", choices=("default", "on", "off"), default="default",
-                   help="work_stealing in the daemons' config: the daemon's default (off), on or off")
+                   help="work_stealing in the daemons' config: the daemon's default (on), on or off")
     p.add_argument("--gossip-udp", choices=("default", "on", "off"), default="default",
                    help="gossip_udp in the daemons' config: the daemon's default (on), on or off")
     p.add_argument("--gossip-interval-s", type=float, default=None,

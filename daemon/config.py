@@ -140,11 +140,11 @@ class Settings(BaseModel):
     #: them): a third of HTTP's CPU for membership (docs/federation.md, Datagrams).
     gossip_udp: bool = True
     #: Work stealing: a daemon with free slots and nothing queued takes queued rollouts from
-    #: the busiest peer (daemon/steal.py), checking every steal_interval_s. Off by default:
-    #: what bench/federation.py measured of it is within the VM's run-to-run spread (ahead
-    #: by 2-15% in three comparisons of 2026-11-28, behind by 3% in the next one;
-    #: docs/federation.md, Work stealing).
-    work_stealing: bool = False
+    #: the busiest peer (daemon/steal.py), checking every steal_interval_s. On by default
+    #: since 2026-11-29: in bench/federation.py it kept the federation's budgets 92-95% busy
+    #: against 88-91% without it, in every burst of three alternating pairs of runs, and was
+    #: ahead in six comparisons of seven (docs/federation.md, Work stealing).
+    work_stealing: bool = True
     steal_interval_s: float = Field(0.2, gt=0, le=60)
 
     @field_validator("sandbox_tmpfs_mb")

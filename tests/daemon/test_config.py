@@ -90,7 +90,7 @@ def test_every_documented_federation_setting_is_accepted(tmp_path: Path, repo_ro
     on = load_settings(environ={"ROLLOUTD_WORK_STEALING": "true", "ROLLOUTD_STEAL_INTERVAL_S": "0.5",
                                 "ROLLOUTD_GOSSIP_UDP": "false"})
     assert (on.work_stealing, on.steal_interval_s, on.gossip_udp) == (True, 0.5, False)
-    assert load_settings(environ={}).work_stealing is False
+    assert load_settings(environ={}).work_stealing is True
     assert load_settings(environ={}).gossip_udp is True
     cfg = tmp_path / "fed.toml"
     cfg.write_text("gossip_interval_s = 0.5\nfanout = 5\nsuspect_after_s = 3\ndead_after_s = 9\n")
