@@ -28,7 +28,7 @@ from rolloutd.daemon.api import (
     _ui,
 )
 from rolloutd.daemon.api._errors import HTTP_TYPES, answer_for
-from rolloutd.daemon.api._http import REF_TEMPLATE, OpenAPIDocument, discard_body, error
+from rolloutd.daemon.api._http import INTERNAL, REF_TEMPLATE, OpenAPIDocument, discard_body, error
 from rolloutd.daemon.config import Settings
 from rolloutd.daemon.errors import RequestError
 from rolloutd.daemon.tasks.registry import TaskRegistry
@@ -157,4 +157,4 @@ def _answer_errors(app: QuartTrio) -> None:
 
 def _bug(exc: BaseException) -> Response:
     log.error("unhandled error on %s %s", request.method, request.path, exc_info=exc)
-    return error(500, "internal", "internal error; see the daemon log")
+    return error(500, *INTERNAL)

@@ -21,7 +21,16 @@ from quart_schema import document_response, hide
 from quart_trio import QuartTrio
 
 from rolloutd.daemon.api._errors import answer_for
-from rolloutd.daemon.api._http import BODY_ERRORS, errors, json_body, json_text, parse
+from rolloutd.daemon.api._http import (
+    BODY_ERRORS,
+    INTERNAL,
+    error_body,
+    errors,
+    json_body,
+    json_text,
+    parse,
+)
+from rolloutd.daemon.api._rollouts import SubmitResponse
 from rolloutd.daemon.errors import RequestError
 from rolloutd.daemon.forward import ForwardedSubmits
 from rolloutd.daemon.images import PrefetchRequest
@@ -102,14 +111,14 @@ def _answer(result: Submitted | RequestError) -> tuple[int, dict[str, Any]]:
     """A forwarded submit's answer, as ``POST /v1/rollouts`` gives it (without ``wait``)."""
     if isinstance(result, RequestError):
         return _error_answer(result)
-    return 202, {"group_id": result.group_id, "ids": [j.id for j in result.jobs],
-                 "replayed": result.replayed}
+    return 202, SubmitResponse(group_id=result.group_id, ids=[j.id for j in result.jobs],
+                               replayed=result.replayed).model_dump()
 
 
 def _error_answer(exc: RequestError) -> tuple[int, dict[str, Any]]:
     answer = answer_for(exc)
     if answer is None:  # a bug, as it would be on POST /v1/rollouts
         log.error("unhandled error in a forwarded submit", exc_info=exc)
-        return 500, {"error": {"type": "internal", "message": "internal error; see the daemon log"}}
+        return 500, error_body(*INTERNAL)
     status, etype = answer
-    return status, {"error": {"type": etype, "message": str(exc)}}
+    return status, error_body(etype, str(exc))

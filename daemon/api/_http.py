@@ -116,8 +116,17 @@ class OpenAPIDocument(OpenAPIProvider):
         return obj, definitions
 
 
+#: ``error.type`` and message of the answer to a bug (500): the details go to the daemon log.
+INTERNAL = ("internal", "internal error; see the daemon log")
+
+
+def error_body(etype: str, message: str) -> dict[str, Any]:
+    """The body of every error answer (``ErrorResponse``)."""
+    return {"error": {"type": etype, "message": message}}
+
+
 def error(status: int, etype: str, message: str, *, retry_after_s: float | None = None) -> Response:
-    body = json.dumps({"error": {"type": etype, "message": message}})
+    body = json.dumps(error_body(etype, message))
     resp = Response(body, status=status, mimetype="application/json")
     if retry_after_s is not None:
         resp.headers["Retry-After"] = str(int(max(1, retry_after_s)))
