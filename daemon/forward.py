@@ -245,10 +245,8 @@ class Forwarder:
             except httpx.HTTPError as exc:
                 log.warning("forwarding %d rollouts to %s went unanswered (%s): they are lost",
                             len(ids), node_id, exc)
-                for job_id in ids:
-                    self.live.fail(job_id)
-                    self.lose(job_id, node_id, f"peer {node_id} took the request and never "
-                               "answered it (it was not re-run elsewhere)")
+                self._lose_held(node_id, ids, f"peer {node_id} took the request and never "
+                                "answered it (it was not re-run elsewhere)")
             finally:
                 self._open[node_id].discard(scope)
         if resp is None:  # lost (unanswered, or the peer died while we waited)
@@ -422,10 +420,7 @@ class Forwarder:
 
     def _lose_all(self, node_id: str, batch: list[_Outgoing], message: str) -> None:
         for out in batch:
-            for job_id in out.ids:
-                if job_id not in self._lost:
-                    self.live.fail(job_id)
-                    self.lose(job_id, node_id, message)
+            self._lose_held(node_id, out.ids, message)
             out.answer = self._unanswered(out.body, out.ids, wait=False)
             out.done.set()
 
@@ -471,6 +466,13 @@ class Forwarder:
         for job_id in ids:
             self.live.discard(job_id)
             self._where.pop(job_id, None)
+
+    def _lose_held(self, node_id: str, ids: list[str], message: str) -> None:
+        """Declare ``ids``, which ``node_id`` may hold, lost (not already lost)."""
+        for job_id in ids:
+            if job_id not in self._lost:
+                self.live.fail(job_id)
+                self.lose(job_id, node_id, message)
 
     def lose(self, job_id: str, node_id: str, message: str) -> Trajectory:
         """Record rollout ``job_id`` as failed/peer_lost (held by ``node_id``); returns it."""
