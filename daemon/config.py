@@ -140,7 +140,7 @@ class Settings(BaseModel):
     #: them): a third of HTTP's CPU for membership (docs/federation.md, Datagrams).
     gossip_udp: bool = True
     #: Work stealing: a daemon with free slots and nothing queued takes queued rollouts from
-    #: the busiest peer (daemon/steal.py), checking every steal_interval_s. On by default
+    #: the busiest peer (daemon/steal.py), asking at most every steal_interval_s. On by default
     #: since 2026-11-29: in bench/federation.py it kept the federation's budgets 92-95% busy
     #: against 88-91% without it, in every burst of three alternating pairs of runs, and was
     #: ahead in six comparisons of seven (docs/federation.md, Work stealing).

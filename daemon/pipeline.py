@@ -73,6 +73,7 @@ class Pipeline:
         self._nursery: trio.Nursery | None = None  # run()'s, while it runs
         self._idle = trio.Event()
         self._idle.set()
+        self._room = trio.lowlevel.ParkingLot()  # wait_for_room's waiters
         self.throughput = Throughput()  # its rate while full, for federation placement
 
     # ---- public API -------------------------------------------------------------------
@@ -178,6 +179,16 @@ class Pipeline:
         """Return once no job is queued or in flight."""
         await self._idle.wait()
 
+    def has_room(self) -> bool:
+        """Whether a job taken in now would start without queueing behind others: a free
+        slot, and nothing queued."""
+        return self.free_capacity() > 0 and not len(self.intake)
+
+    async def wait_for_room(self) -> None:
+        """Return once ``has_room()`` (at once if it is so now)."""
+        while not self.has_room():
+            await self._room.park()
+
     def statistics(self) -> dict[str, Any]:
         return {
             "queued": len(self.intake),
@@ -248,6 +259,7 @@ class Pipeline:
                 job = await self.intake.get()
             except trio.EndOfChannel:
                 return
+            self._room_changed()  # the queue may be empty now
             if await self._stage(job, Stage.init, self._do_init):
                 self.ready.put_back([job])
                 await self.ready.wait_at_most(self.settings.n_run)
@@ -511,6 +523,11 @@ class Pipeline:
 
     def _held_changed(self) -> None:
         self.throughput.held(len(self._live), self.slots)
+        self._room_changed()
+
+    def _room_changed(self) -> None:
+        if self._room and self.has_room():
+            self._room.unpark_all()
 
     async def _conclude(self, job: Job, status: Status, **details: Any) -> None:
         """Release what the job holds (bounded), then publish its terminal status: a trainer

@@ -1,9 +1,9 @@
 """Work stealing between federated daemons: one with free slots takes queued rollouts from a
 busier peer, exactly once, under their ids.
 
-Every ``steal_interval_s`` a daemon with free slots and nothing queued asks the peer that
-reported the most unstarted rollouts (gossip: ``queued`` plus ``waiting``) for work: ``POST
-/v1/federation/steal {node_id, max, images}``, where ``images`` lists the image refs the thief
+A daemon with free slots and nothing queued asks the peer that reported the most unstarted
+rollouts (gossip: ``queued`` plus ``waiting``) for work: ``POST /v1/federation/steal
+{node_id, max, images}``, where ``images`` lists the image refs the thief
 holds unpacked. That peer (the victim) withdraws up to ``max``, and at most half, of its
 unstarted jobs, those that would start last there, and of those with an image only the ones
 whose image the thief holds: queued ones first, then ones through INIT that wait for a RUN
@@ -12,6 +12,13 @@ end of a burst the work a busy daemon still holds is mostly of that kind). It te
 sandboxes of the latter, records them all as forwarded to the thief, and hands them over:
 ``POST /v1/federation/adopt {origin, rollouts}``; the thief queues them under the same ids
 and runs their INIT again. No agent step of a handed-over rollout has run anywhere before.
+
+The thief asks at most every ``steal_interval_s``, and only when it may get something:
+between asks it sleeps until it has room (a job left, or started) and then until some
+peer's capacity report changes (gossip tells; a heartbeat with the same report is not
+news). A peer that gave nothing is asked again only once its report differs. So a daemon
+that is idle, or busy, or whose peers are idle costs nothing here (a poll every 0.2 s cost
+an idle daemon about 2 ms of CPU a second).
 
 The victim keeps answering for them: its job for each ends with the thief's trajectory
 (relayed as a forwarded rollout's is), so a wait, a stream, a batch and the journal there see
@@ -55,7 +62,7 @@ if TYPE_CHECKING:
     from rolloutd.daemon.journal import Journal
     from rolloutd.daemon.pipeline import Pipeline
     from rolloutd.daemon.service import RolloutService
-    from rolloutd.federation import Member
+    from rolloutd.federation import Capacity, Member
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +133,7 @@ class Stealer:
         self.taken_back = 0  # handed over, refused or never sent, queued here again
         self.lost = 0  # handed over, then the thief was lost
         self.asks = 0  # steal asks this daemon sent
-        self._dry: dict[str, tuple[int, int]] = {}  # node id -> its version when it gave nothing
+        self._dry: dict[str, Capacity] = {}  # node id -> what it reported when it gave nothing
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -136,8 +143,9 @@ class Stealer:
                 if not self.settings.work_stealing:
                     await trio.sleep_forever()
                 while True:
-                    await trio.sleep(self.settings.steal_interval_s)
+                    await self._wait_for_chance()
                     await self._steal()
+                    await trio.sleep(self.settings.steal_interval_s)
         finally:
             self._nursery = None
 
@@ -156,30 +164,47 @@ class Stealer:
 
     def _room(self) -> int:
         """Rollouts this daemon could start now: free slots, when nothing is queued here."""
-        if self.service.draining or len(self.pipeline.intake):
+        if self.service.draining or not self.pipeline.has_room():
             return 0
         return min(self.pipeline.free_capacity(), MAX_STEAL)
+
+    async def _wait_for_chance(self) -> None:
+        """Return once this daemon has room and a peer may have work for it. It sleeps
+        meanwhile: a daemon with no room wakes when a job leaves or starts, one with room
+        when what a peer reports changes (not at every heartbeat), so an idle or busy
+        daemon with nothing to take costs nothing here."""
+        while True:
+            if not self.pipeline.has_room():
+                await self.pipeline.wait_for_room()
+            elif self._room() > 0 and self._victims():
+                return
+            else:
+                await self.forwarder.federation.wait_for_news()
+
+    def _victims(self) -> list[Member]:
+        """The peers to ask, busiest first: alive, not draining, with unstarted rollouts,
+        and not ones that gave nothing at the capacity they report now. Such a peer is asked
+        again once its report changes: the ask would find what its last answer found, and
+        the peers asked are the busiest ones, whose CPU each ask takes."""
+        def unstarted(m: Member) -> int:
+            return m.capacity["queued"] + m.capacity["waiting"]
+
+        alive = [m for m in self.forwarder.federation.peers() if m.state is MemberState.ALIVE]
+        for node_id in self._dry.keys() - {m.node_id for m in alive}:
+            del self._dry[node_id]  # it left or died: a member that returns reports anew
+        peers = [m for m in alive if unstarted(m) > 0 and not m.capacity["draining"]
+                 and self._dry.get(m.node_id) != m.capacity]
+        return sorted(peers, key=lambda m: -unstarted(m))[:2]
 
     async def _steal(self) -> None:
         room = self._room()
         if room <= 0:
             return
-        def unstarted(m: Member) -> int:
-            return m.capacity["queued"] + m.capacity["waiting"]
-
-        # A peer that gave nothing is not asked again until a newer capacity report of it
-        # (the next heartbeat): the ask would find what its last answer found, and the
-        # peers asked are the busiest ones, whose CPU each ask takes.
-        alive = [m for m in self.forwarder.federation.peers() if m.state is MemberState.ALIVE]
-        for node_id in self._dry.keys() - {m.node_id for m in alive}:
-            del self._dry[node_id]  # it left or died: a member that returns reports anew
-        peers = [m for m in alive if unstarted(m) > 0 and not m.capacity["draining"]
-                 and self._dry.get(m.node_id) != m.version]
         ask: dict[str, Any] = {"node_id": self.node_id}
         held = self._held_images()[:MAX_HELD_IMAGES]
         if held:  # only then: a victim of an older version refuses the field (422)
             ask["images"] = held
-        for victim in sorted(peers, key=lambda m: -unstarted(m))[:2]:
+        for victim in self._victims():
             self.asks += 1
             try:
                 resp = await self.forwarder.client.post(
@@ -191,7 +216,7 @@ class Stealer:
             if moved:
                 self._dry.pop(victim.node_id, None)
             else:
-                self._dry[victim.node_id] = victim.version
+                self._dry[victim.node_id] = victim.capacity
             room = self._room()
             if moved or room <= 0:
                 return

@@ -139,6 +139,7 @@ class Federation:
         self._peers: dict[str, Member] = {}
         self._events: deque[tuple[Literal["dead", "rejoin"], Member]] = deque()
         self._wake = trio.Event()
+        self._news = trio.Event()  # set (and replaced) when a peer's report or state changes
         self._in_flight: set[str] = set()
         self._heard: set[str] = set()  # peers that exchanged with us since our last round
         self._warned: set[str] = set()
@@ -198,6 +199,16 @@ class Federation:
     def peers(self) -> list[Member]:
         """Copies of every other known member, in any state."""
         return [m.copy() for m in self._peers.values()]
+
+    async def wait_for_news(self) -> None:
+        """Return at the next change in what ``peers()`` shows but for heartbeats: a member met,
+        a peer's capacity report that differs from its last, a peer's state. A heartbeat that
+        reports the same capacity is not news, so an idle federation wakes no one."""
+        await self._news.wait()
+
+    def _tell_news(self) -> None:
+        self._news.set()
+        self._news = trio.Event()
 
     def statistics(self) -> FederationStatistics:
         counts = {s.value: 0 for s in MemberState}
@@ -495,6 +506,7 @@ class Federation:
                 last_heard=now,
             )
             log.info("federation: met %s at %s (%s)", r["node_id"], r["url"], state.value)
+            self._tell_news()
             return
         if (r["incarnation"], r["heartbeat"], state.rank) <= (*m.version, m.state.rank):
             return
@@ -502,6 +514,8 @@ class Federation:
         if (r["incarnation"], r["heartbeat"]) > m.version:
             m.last_heard = now
             m.reported(r["incarnation"], r["heartbeat"])  # what its report counts of ours
+        if r["capacity"] != m.capacity:
+            self._tell_news()
         m.url, m.incarnation, m.heartbeat = r["url"], r["incarnation"], r["heartbeat"]
         m.capacity, m.updated_at, m.state = r["capacity"], r["updated_at"], state
         m.datagrams = r.get("datagrams", False)
@@ -543,6 +557,7 @@ class Federation:
     def _changed(self, m: Member, before: MemberState) -> None:
         if m.state is before:
             return
+        self._tell_news()
         log.info("federation: %s is %s (was %s)", m.node_id, m.state.value, before.value)
         if m.state.gone and not before.gone:
             self._events.append(("dead", m.copy()))

@@ -116,6 +116,33 @@ async def test_cancel_while_queued_frees_the_slot(start_node, autojump_clock):
     await node.pipeline.wait_idle()
 
 
+async def test_wait_for_room_returns_when_a_job_could_start_without_queueing(start_node, autojump_clock):
+    """``wait_for_room`` (what an idle thief sleeps on) returns at once when a slot is free
+    and nothing is queued, and otherwise at the moment that becomes so: here when the
+    queued job is taken by the INIT worker and a slot is still free, then, once full, when
+    a job ends."""
+    node = await start_node(n_init=1, n_run=1, n_eval=1)  # 3 slots
+    pipeline = node.pipeline
+    with trio.fail_after(0):
+        await pipeline.wait_for_room()  # idle: at once
+    first = node.submit(req(init_s=5, run_s=100)).jobs[0]
+    await trio.sleep(1)
+    second = node.submit(req(init_s=5, run_s=100)).jobs[0]  # queued behind INIT
+    assert not pipeline.has_room() and len(pipeline.intake) == 1
+    t0 = trio.current_time()
+    await pipeline.wait_for_room()
+    assert trio.current_time() - t0 == pytest.approx(4)  # INIT took the queued one; 1 slot free
+    assert pipeline.has_room()
+    third = node.submit(req(run_s=1)).jobs[0]
+    assert not pipeline.has_room()  # three live jobs, three slots
+    t0 = trio.current_time()
+    await pipeline.wait_for_room()
+    assert first.done.is_set() and trio.current_time() - t0 == pytest.approx(100, abs=1)
+    for job in (first, second, third):
+        node.service.cancel(job.id)
+    await pipeline.wait_idle()
+
+
 async def test_a_withdrawn_job_leaves_the_queue_for_good():
     """``JobQueue.remove`` drops the job itself, not only its slot: a job cancelled while
     queued is no longer referenced by the queue (it used to stay in the heap, task and all,

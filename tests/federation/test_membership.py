@@ -219,3 +219,29 @@ def test_bad_parameters_are_refused():
         Federation("a", "http://a:1", capacity=Cap(), fanout=0)
     with pytest.raises(TypeError):
         Federation("a", "http://a:1", capacity=Cap(), seeds="http://b:1")  # type: ignore[arg-type]
+
+
+async def test_news_is_a_changed_report_or_state_not_a_heartbeat(autojump_clock):
+    """``wait_for_news`` (what a daemon with room for stolen work sleeps on) returns when a
+    peer's capacity report changes or a peer's state does, and not at heartbeats that
+    report the same capacity: an idle federation wakes no one."""
+    async with open_cluster() as c:
+        a = await c.start("a")
+        b = await c.start("b")
+        await c.wait_converged()
+        await trio.sleep(2.0)  # the first reports settle
+
+        async def news_within(seconds: float) -> bool:
+            with trio.move_on_after(seconds):
+                await a.fed.wait_for_news()
+                return True
+            return False
+
+        assert not await news_within(5.0)  # five heartbeats of b, each the same report
+        b.cap.queued = 3
+        t0 = trio.current_time()
+        assert await news_within(5.0)  # b's next report, within about a round
+        assert trio.current_time() - t0 <= 2 * 1.1
+        assert not await news_within(3.0)
+        c.kill("b")
+        assert await news_within(10.0)  # b suspected (3 s of silence), then dead
