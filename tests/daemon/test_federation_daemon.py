@@ -467,6 +467,7 @@ async def test_a_peer_that_gave_nothing_is_asked_again_only_once_its_report_chan
     with trio.fail_after(10):
         while not stats()["steal_asks"]:
             await trio.sleep(0.05)
+    await trio.sleep(2.0)  # the busy daemon's jobs settle where they wait (a report or two)
     first = stats()["steal_asks"]
     await trio.sleep(3.0)  # three heartbeats of the busy daemon, each with the same report
     assert stats()["steal_asks"] == first
