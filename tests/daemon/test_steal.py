@@ -35,7 +35,7 @@ async def test_a_thief_forgets_the_peers_that_gave_nothing_once_they_leave():
     # draining, and a forwarder whose federation lists ``members``. _steal reads only these.
     stealer = Stealer(
         node_id="a", settings=Settings(), journal=cast(Any, None), follow=lambda jobs: None,
-        pipeline=cast(Any, SimpleNamespace(intake=[], free_capacity=lambda: 2, has_room=lambda: True)),
+        pipeline=cast(Any, SimpleNamespace(free_capacity=lambda: 2, has_room=lambda: True)),
         service=cast(Any, SimpleNamespace(draining=False)),
         forwarder=cast(Any, SimpleNamespace(
             client=client, federation=SimpleNamespace(peers=lambda: members))),
