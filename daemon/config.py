@@ -85,7 +85,7 @@ class Settings(BaseModel):
     # --- sandboxes ---
     sandbox_backend: Literal["bwrap", "apptainer", "local"] = "bwrap"
     sandbox_pool_size: int = Field(0, ge=0)
-    sandbox_spares: int = Field(2, ge=0, le=64)
+    sandbox_spares: int = Field(2, ge=0, le=64)  # of each kind: launchers, image sandboxes
     sandbox_memory_mb: int | None = Field(2048, ge=16)
     sandbox_pids_max: int | None = Field(512, ge=8)
     sandbox_cpu_cores: float | None = Field(None, gt=0)

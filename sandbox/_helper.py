@@ -1222,16 +1222,55 @@ def file_type(mode: int) -> str:
     return "other"
 
 
-def main() -> None:
-    # stdin is the launcher's pipe, or closed (bwrap closes the fd it read its options
-    # from): /dev/null there before any fd is made, or the next one would be fd 0.
+def wait_for_go() -> bool:
+    """A parked image sandbox's helper (argv ``wait``): block until the daemon's ``go``
+    line on stdin, the launcher's pipe. False on anything else (EOF: the daemon is gone
+    or discarded the spare)."""
+    line = b""
+    while b"\n" not in line and len(line) < 16:
+        chunk = posix.read(0, 16)
+        if not chunk:
+            break
+        line += chunk
+    return line == b"go\n"
+
+
+def null_stdin() -> None:
     null = posix.open(DEVNULL, posix.O_RDONLY)
     if null != 0:
         posix.dup2(null, 0)
         posix.close(null)
+
+
+def main() -> None:
+    stage_calls = None
+    if sys.argv[2:3] == ["wait"]:  # parked: load what the open needs, then wait for it
+        import resource  # noqa: F401  # rlimits (the launcher's are set before we run)
+
+        import _stage
+
+        stage_calls = _stage.Calls()
+        if not wait_for_go():
+            posix._exit(0)
+    # stdin is the launcher's pipe, or closed (bwrap closes the fd it read its options
+    # from): /dev/null there before any fd is made, or the next one would be fd 0.
+    null_stdin()
     with open(sys.argv[1], "rb") as f:  # written by the daemon just before the start
         cfg = json.loads(f.read())
     posix.unlink(sys.argv[1])
+    if cfg.get("stage") is not None or stage_calls is not None:
+        # an image sandbox: its root, then no capability (a parked one must get a root)
+        import _stage
+
+        try:
+            if cfg.get("stage") is None:
+                raise _stage.StageError("a parked image sandbox was given no image root")
+            _stage.enter(cfg["stage"], stage_calls)
+            _stage.drop_capabilities(stage_calls)
+        except (_stage.StageError, OSError, ValueError) as exc:
+            warn(f"cannot set up the sandbox's root: {exc}")
+            posix._exit(1)
+        null_stdin()  # the sandbox's /dev/null: the staging root's is gone
     for path in cfg.get("sys_path", []):
         sys.path.insert(0, path)
     helper = Helper(cfg)

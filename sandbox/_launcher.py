@@ -3,7 +3,9 @@
 A launcher is ``/bin/sh`` that moves itself into the sandbox's cgroup(s), reads one line
 from its stdin, and, if the line is ``go``, execs the backend's wrapper; bwrap then reads
 its options from the rest of that stdin (``--args 0``), so a launcher can be started before
-the spec of the sandbox it will become is known. The pid never changes: the launcher *is*
+the spec of the sandbox it will become is known. A *prestarted* one (bwrap's parked image
+sandboxes, ``wait=False``) execs at once, with options that need no spec, and the helper
+it starts reads the ``go`` line itself (sandbox/_stage.py). The pid never changes: the launcher *is*
 bwrap (or the local helper) afterwards, spawned from the event loop's thread with a clean
 signal state (see _child.py), recorded in the sandbox's pid file for the orphan sweep. It
 and what it execs ignore SIGTERM and SIGINT, so a sandbox outlives a signal sent to every
@@ -51,9 +53,11 @@ LOG_MAX_BYTES = 65536
 DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-def launcher_argv(procs_files: Sequence[Path], command: Sequence[str], cwd: Path) -> list[str]:
+def launcher_argv(procs_files: Sequence[Path], command: Sequence[str], cwd: Path,
+                  wait: bool = True) -> list[str]:
     """``sh -c`` that ignores the drain signals, moves to ``cwd``, joins each cgroup, waits
-    for ``go`` on stdin, then execs ``command``.
+    for ``go`` on stdin (unless not ``wait``: a prestarted spare's command runs at once
+    and reads the ``go`` itself), then execs ``command``.
 
     SIGTERM and SIGINT stay ignored in what it execs: a job step's ``scancel`` (or an
     ``srun`` interrupt) signals every process of the step, and bwrap dies of SIGTERM (it
@@ -64,7 +68,9 @@ def launcher_argv(procs_files: Sequence[Path], command: Sequence[str], cwd: Path
     names = " ".join(signal.Signals(sig).name.removeprefix("SIG") for sig in DRAIN_SIGNALS)
     steps = [f"trap '' {names}", f"cd {shlex.quote(str(cwd))}"]
     steps += [f"echo $$ > {shlex.quote(str(p))}" for p in procs_files]
-    steps += ["IFS= read -r line", '[ "$line" = go ]', 'exec "$@"']
+    if wait:
+        steps += ["IFS= read -r line", '[ "$line" = go ]']
+    steps += ['exec "$@"']
     return ["/bin/sh", "-c", " && ".join(steps), NAME, *command]
 
 
@@ -85,12 +91,13 @@ class Launcher:
 
     @classmethod
     def start(cls, dirs: SandboxDirs, cgroup_dirs: list[Path] | None, command: Sequence[str],
-              env: dict[str, str]) -> Launcher:
-        """Start a launcher now (a spawn on the calling, event-loop, thread: about 1 ms)."""
+              env: dict[str, str], wait: bool = True) -> Launcher:
+        """Start a launcher now (a spawn on the calling, event-loop, thread: about 1 ms);
+        ``wait``: see ``launcher_argv``."""
         procs = [d / "cgroup.procs" for d in cgroup_dirs or []]
         log_r, log_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         try:
-            process = ChildProcess.spawn(launcher_argv(procs, command, dirs.root), env=env,
+            process = ChildProcess.spawn(launcher_argv(procs, command, dirs.root, wait), env=env,
                                          stderr=log_w, blocked=DRAIN_SIGNALS,
                                          pass_fds={LIFELINE_FD: lifeline.read_end()})
         except BaseException:

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from ._exceptions import SandboxStartError
 
-HELPER_SOURCE = Path(__file__).with_name("_helper.py")
+#: The helper and what it imports from its own dir (_stage.py: image sandboxes only).
+HELPER_SOURCES = tuple(Path(__file__).with_name(n) for n in ("_helper.py", "_stage.py"))
 SOCKET_NAME = "h.sock"
 _SUN_PATH_MAX = 107
 
@@ -102,14 +103,15 @@ class Layout:
         import ptyprocess
 
         pty_src = Path(ptyprocess.__file__).parent
-        digest = hashlib.sha256(HELPER_SOURCE.read_bytes())
+        digest = hashlib.sha256(b"".join(p.read_bytes() for p in HELPER_SOURCES))
         digest.update(ptyprocess.__version__.encode())
         lib = self.state_dir / "lib" / digest.hexdigest()[:12]
         if not (lib / "_helper.py").exists():
             tmp = lib.with_name(lib.name + f".tmp{os.getpid()}")
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
-            shutil.copy(HELPER_SOURCE, tmp / "_helper.py")
+            for source in HELPER_SOURCES:
+                shutil.copy(source, tmp / source.name)
             shutil.copytree(pty_src, tmp / "ptyprocess",
                             ignore=shutil.ignore_patterns("__pycache__"))
             for path in [tmp, *tmp.rglob("*")]:

@@ -45,7 +45,7 @@ print(json.dumps({
     "rolloutd": list(rolloutd.__path__),
     "modules": {m: sys.modules[m].__file__ for m in sys.modules if m.startswith("rolloutd.")},
     "meta_path": [type(f).__name__ + " " + repr(f) for f in sys.meta_path],
-    "helper": str(rolloutd.sandbox._layout.HELPER_SOURCE) if hasattr(rolloutd.sandbox, "_layout")
+    "helper": str(rolloutd.sandbox._layout.HELPER_SOURCES[0]) if hasattr(rolloutd.sandbox, "_layout")
               else None,
 }))
 """

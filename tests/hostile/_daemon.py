@@ -69,11 +69,17 @@ def sandbox_dirs(state_dir: Path, *, spares: bool = False) -> list[Path]:
 
 
 def is_spare(sandbox_dir: Path) -> bool:
-    """Whether a sandbox dir belongs to a live parked launcher (not yet a sandbox)."""
+    """Whether a sandbox dir belongs to a live parked launcher, or a parked image sandbox
+    whose helper waits for its ``go`` (its argv ends in ``wait``): not yet a sandbox."""
     try:
         pid = int((sandbox_dir / "pid").read_text().split()[0])
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f"\0{LAUNCHER}\0".encode() in f.read()
+            if f"\0{LAUNCHER}\0".encode() in f.read():
+                return True
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            helper = int(f.read().split()[0])
+        with open(f"/proc/{helper}/cmdline", "rb") as f:
+            return f.read().endswith(b"\0wait\0") and not (sandbox_dir / "c" / "h.sock").exists()
     except (OSError, ValueError, IndexError):
         return False
 

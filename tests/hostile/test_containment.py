@@ -15,7 +15,7 @@ import secrets
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,21 +90,32 @@ def _image_ref(request: pytest.FixtureRequest) -> str:
     return str(images.oci_ref(images.debian_oci))
 
 
-@pytest.fixture(params=["host-root", "image"])
-def bwrap(request: pytest.FixtureRequest, state_dir: Path, image_store_dir: Path) -> Iterator[Any]:
-    """A bwrap backend (over the host's root, or every sandbox in the Debian test image);
-    afterwards: no sandbox process, fd, sandbox dir or mount left."""
+@pytest.fixture(params=["host-root", "image", "image-prestarted"])
+async def bwrap(request: pytest.FixtureRequest, state_dir: Path,
+                image_store_dir: Path) -> AsyncIterator[Any]:
+    """A bwrap backend (over the host's root, or every sandbox in the Debian test image:
+    started on demand, or, with one spare, from a parked image sandbox whose helper already
+    runs, which the test's first open takes); afterwards: no sandbox process, fd, sandbox
+    dir or mount left."""
     from rolloutd.sandbox.images import ImageStore
 
     boot = "h" + secrets.token_hex(5)
-    image = _image_ref(request) if request.param == "image" else None
+    image = _image_ref(request) if request.param != "host-root" else None
     fds = _fds()
     store = ImageStore(image_store_dir)
     if image:
         store.resolve(image)  # unpacked before the test (its inodes are not the test's)
+    prestarted = request.param == "image-prestarted"
     backend = open_backend("bwrap", state_dir=state_dir, boot_id=boot, check=True,
-                           images=store)
-    yield WithImage(backend, image) if image else backend
+                           images=store, spares=int(prestarted))
+    try:
+        if prestarted:
+            async with backend.open(SandboxSpec(image=image)):
+                pass  # the backend parks image sandboxes from now on
+            assert [h.prestarted for h in backend._spares] == [False, True]
+        yield WithImage(backend, image) if image else backend
+    finally:
+        await backend.aclose()
     assert _marked(boot_tag(boot)) == [], "sandbox processes leaked"
     assert _fds() - fds == set(), "fds leaked"
     boxes = state_dir / "sandboxes"

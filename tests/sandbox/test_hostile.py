@@ -20,15 +20,29 @@ from rolloutd.sandbox import PathEscapeError, SandboxSpec
 from .conftest import WithImage, marked_pids
 
 
-@pytest.fixture(params=["host-root", "image"])
-def bwrap(request, bwrap):
-    """Every hostile workload twice: over the host's root, and in a real Debian image (the
-    session's image store; tests/_images.py)."""
+@pytest.fixture(params=["host-root", "image", "image-prestarted"])
+async def bwrap(request, bwrap):
+    """Every hostile workload three times: over the host's root, and in a real Debian image
+    (the session's image store; tests/_images.py), started on demand and from a parked
+    image sandbox whose helper was already running (one spare; the workload's sandbox is
+    the first open, so it is the prestarted one)."""
     if request.param == "host-root":
-        return bwrap
+        yield bwrap
+        return
     images = request.getfixturevalue("test_images")
     bwrap.images = request.getfixturevalue("image_store")
-    return WithImage(bwrap, images.oci_ref(images.debian_oci))
+    image = WithImage(bwrap, images.oci_ref(images.debian_oci))
+    if request.param == "image":
+        yield image
+        return
+    bwrap.spares = 1
+    async with image.open():
+        pass  # the backend parks image sandboxes from now on
+    assert [h.prestarted for h in bwrap._spares] == [False, True]
+    try:
+        yield image
+    finally:
+        await bwrap.aclose()
 
 
 def rss_mb() -> float:

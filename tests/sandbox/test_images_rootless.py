@@ -33,4 +33,4 @@ def test_images_as_unprivileged_user(test_images):
         shutil.rmtree(copies, ignore_errors=True)
     output = result.stdout[-4000:] + result.stderr[-2000:]
     assert result.returncode == 0, output
-    assert "3 passed" in result.stdout and "failed" not in result.stdout, output
+    assert "4 passed" in result.stdout and "failed" not in result.stdout, output
