@@ -191,10 +191,10 @@ PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
 CHILD_OOM_BONUS = 1000
 
 
-def prctl(option: int, arg: int) -> int:
-    """``prctl(option, arg, 0, 0, 0)`` through ``_ctypes`` alone (~0.7 ms; the ``ctypes``
-    package costs ~5 ms more through ``struct`` and ``ctypes._endian``): its errno, 0 when
-    it succeeded."""
+def libc(name: str) -> "Callable[..., int]":
+    """The C library's ``name`` (a function returning an ``int``) through ``_ctypes`` alone
+    (~0.7 ms the first time; the ``ctypes`` package costs ~5 ms more through ``struct`` and
+    ``ctypes._endian``). Takes ints and bytes; its errno is ``_ctypes.get_errno()``."""
     import _ctypes
 
     if TYPE_CHECKING:
@@ -212,8 +212,14 @@ def prctl(option: int, arg: int) -> int:
     class Libc:
         _handle = _ctypes.dlopen(None)  # type: ignore[arg-type]  # NULL: the program itself
 
-    call = Function(("prctl", Libc))  # type: ignore[arg-type]  # any object with _handle
-    return 0 if call(option, arg, 0, 0, 0) == 0 else _ctypes.get_errno()
+    return Function((name, Libc))  # type: ignore[arg-type]  # any object with _handle
+
+
+def prctl(option: int, arg: int) -> int:
+    """``prctl(option, arg, 0, 0, 0)``: its errno, 0 when it succeeded."""
+    import _ctypes
+
+    return 0 if libc("prctl")(option, arg, 0, 0, 0) == 0 else _ctypes.get_errno()
 
 
 def warn(text: str) -> None:
@@ -1249,7 +1255,7 @@ def main() -> None:
 
         import _stage
 
-        stage_calls = _stage.Calls()
+        stage_calls = _stage.Calls(libc)
         if not wait_for_go():
             posix._exit(0)
     # stdin is the launcher's pipe, or closed (bwrap closes the fd it read its options
@@ -1265,6 +1271,7 @@ def main() -> None:
         try:
             if cfg.get("stage") is None:
                 raise _stage.StageError("a parked image sandbox was given no image root")
+            stage_calls = stage_calls or _stage.Calls(libc)
             _stage.enter(cfg["stage"], stage_calls)
             _stage.drop_capabilities(stage_calls)
         except (_stage.StageError, OSError, ValueError) as exc:

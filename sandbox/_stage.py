@@ -48,49 +48,33 @@ class StageError(Exception):
     """A step of building the root failed: the helper reports it and exits."""
 
 
-def libc(name: str) -> "Callable[..., int]":
-    """``name`` from the C library through ``_ctypes`` alone, returning an int; raises
-    StageError with errno when it returns -1."""
+class Calls:
+    """The C library's functions staging needs, each raising StageError (with errno) when
+    it returns -1; ``libc(name)`` is the helper's ``_ctypes`` lookup. Made once, before a
+    parked helper waits."""
+
+    def __init__(self, libc: "Callable[[str], Callable[..., int]]") -> None:
+        self.unshare = _checked(libc, "unshare")
+        self.mount = _checked(libc, "mount")
+        self.umount2 = _checked(libc, "umount2")
+        self.pivot_root = _checked(libc, "pivot_root")
+        self.prctl = _checked(libc, "prctl")
+        self.capset = _checked(libc, "capset")
+
+
+def _checked(libc: "Callable[[str], Callable[..., int]]", name: str) -> "Callable[..., int]":
     import _ctypes
 
-    if TYPE_CHECKING:
-        SimpleInt = _ctypes._SimpleCData[int]
-    else:  # not subscriptable at run time
-        SimpleInt = _ctypes._SimpleCData
-
-    class Long(SimpleInt):
-        _type_ = "l"
-
-    class Function(_ctypes.CFuncPtr):
-        _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
-        _restype_ = Long
-
-    class Libc:
-        _handle = _ctypes.dlopen(None)  # type: ignore[arg-type]  # NULL: the program itself
-
-    function = Function((name, Libc))  # type: ignore[arg-type]
+    function = libc(name)
 
     def call(*args: "Any") -> int:
         result = function(*args)
         if result == -1:
-            err = _ctypes.get_errno()
-            raise StageError(f"{name}{tuple(a.decode() if isinstance(a, bytes) else a for a in args)}: "
-                             f"{posix.strerror(err)}")
-        return int(result)
+            shown = tuple(a.decode(errors="replace") if isinstance(a, bytes) else a for a in args)
+            raise StageError(f"{name}{shown}: {posix.strerror(_ctypes.get_errno())}")
+        return result
 
     return call
-
-
-class Calls:
-    """The libc functions staging needs, looked up once (before a parked helper waits)."""
-
-    def __init__(self) -> None:
-        self.unshare = libc("unshare")
-        self.mount = libc("mount")
-        self.umount2 = libc("umount2")
-        self.pivot_root = libc("pivot_root")
-        self.prctl = libc("prctl")
-        self.capset = libc("capset")
 
 
 def _b(path: str) -> bytes:
@@ -133,13 +117,12 @@ def _check_option_path(path: str) -> str:
     return path
 
 
-def enter(stage: "dict[str, Any]", calls: "Calls | None" = None) -> None:
+def enter(stage: "dict[str, Any]", calls: Calls) -> None:
     """Build the root ``stage`` describes and ``pivot_root`` into it (see the module doc).
     ``stage``: ``lower`` (the image's rootfs), ``upper_bytes`` (the writable layer's
     cap), ``tmpfs`` ([path, bytes] fresh mounts, in order), ``hide`` (a dir hidden under a
     read-only tmpfs), ``binds`` ([source in the staging root, dest] recursive binds that
     keep their source's flags, in order)."""
-    calls = calls or Calls()
     calls.unshare(CLONE_NEWNS)  # a mount namespace owned by our user namespace
     calls.mount(None, b"/", None, MS_REC | MS_PRIVATE, None)
     _tmpfs(calls, STAGE_DIR, stage["upper_bytes"])
@@ -171,11 +154,10 @@ def enter(stage: "dict[str, Any]", calls: "Calls | None" = None) -> None:
     posix.chdir("/")
 
 
-def drop_capabilities(calls: "Calls | None" = None) -> None:
+def drop_capabilities(calls: Calls) -> None:
     """Empty every capability set (bounding first: then no exec regains any, even as uid
     0), clear the ambient set, set no_new_privs; raise StageError unless
     ``/proc/self/status`` then shows every set empty and no_new_privs on."""
-    calls = calls or Calls()
     with open("/proc/sys/kernel/cap_last_cap", "rb") as f:
         last = int(f.read())
     for cap in range(last + 1):

@@ -90,3 +90,13 @@ async def test_a_root_that_cannot_be_built_fails_the_open(image_bwrap, test_imag
                 == b"debian\n"
     finally:
         await image_bwrap.aclose()
+
+
+def test_a_failing_call_is_a_stage_error_with_its_errno():
+    """The helper's own ``_ctypes`` lookup (ints come back as C ints: -1 is -1)."""
+    from rolloutd.sandbox import _helper, _stage
+
+    calls = _stage.Calls(_helper.libc)
+    with pytest.raises(_stage.StageError,
+                       match=r"umount2\('/nonexistent/x', 0\): (No such file|Operation not perm)"):
+        calls.umount2(b"/nonexistent/x", 0)
