@@ -23,8 +23,8 @@ from it, pivots into it and drops every capability before anything else runs
 (sandbox/_stage.py, from ``stage_plan``). So an image sandbox can be parked with its helper
 already running before its image is known: once an image sandbox has opened, the backend
 keeps ``spares`` of these *prestarted* spares as well as its parked launchers, and an open
-that finds one (an image spec with neither network nor binds) skips bwrap's and the
-interpreter's start. The sandbox runs as uid 0 of its user namespace (the image's files
+that finds one (an image spec with neither network nor binds, nor, as root, ``disk_mb``)
+skips bwrap's and the interpreter's start. The sandbox runs as uid 0 of its user namespace (the image's files
 belong to the daemon's user, mapped to 0), the image's Env and WorkingDir apply, and no
 host path is shown but the workspace, the control dir, the helper's lib dir and its
 private interpreter (_runtime.py), so the helper runs in an image with no Python or
@@ -149,7 +149,11 @@ class BwrapBackend(Backend):
 
     def _spare_fits(self, handle: Handle, spec: SandboxSpec) -> bool:
         if handle.prestarted:  # made with no network and no binds, for an image
-            return bool(spec.image) and not spec.network and not spec.binds
+            # As root a disk_mb caps the workspace with a tmpfs mounted on the host when the
+            # sandbox opens, which a staging root made earlier would see only through mount
+            # propagation (not everywhere: a private host mount): started on demand then.
+            return bool(spec.image) and not spec.network and not spec.binds \
+                and not (spec.disk_mb and os.geteuid() == 0)
         # a launcher in a network namespace of its own cannot give the host's network
         return not (spec.network and handle.extra.get("netns"))
 

@@ -4,6 +4,7 @@ with nothing left behind and nothing run with a capability."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,25 @@ def test_a_failing_call_is_a_stage_error_with_its_errno():
     with pytest.raises(_stage.StageError,
                        match=r"umount2\('/nonexistent/x', 0\): (No such file|Operation not perm)"):
         calls.umount2(b"/nonexistent/x", 0)
+
+
+async def test_a_capped_workspace_as_root_is_never_a_parked_image_sandboxs(image_bwrap,
+                                                                          test_images):
+    """As root ``disk_mb`` mounts a tmpfs on the host's workspace dir when the sandbox opens;
+    a parked image sandbox's staging root was made before that, so such a spec starts on
+    demand and its workspace is the capped tmpfs."""
+    ref = test_images.oci_ref(test_images.debian_oci)
+    image_bwrap.spares = 1
+    try:
+        async with image_bwrap.open(SandboxSpec(image=ref)):
+            pass
+        assert sum(h.prestarted for h in image_bwrap._spares) == 1
+        async with image_bwrap.open(SandboxSpec(image=ref, disk_mb=16)) as sb:
+            parked = sum(h.prestarted for h in image_bwrap._spares)
+            assert parked == (1 if os.geteuid() == 0 else 0)
+            r = await sb.run(["sh", "-c", "dd if=/dev/zero of=/workspace/f bs=1M count=40; "
+                              "stat -f -c %T /workspace"], timeout_s=60)
+            if os.geteuid() == 0:
+                assert b"No space left" in r.stderr and r.stdout == b"tmpfs\n", r
+    finally:
+        await image_bwrap.aclose()
