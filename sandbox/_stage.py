@@ -25,6 +25,7 @@ for an image sandbox; Python >= 3.9.
 """
 
 import posix
+import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -163,7 +164,7 @@ def drop_capabilities(calls: Calls) -> None:
     for cap in range(last + 1):
         calls.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
     calls.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-    header = LINUX_CAPABILITY_VERSION_3.to_bytes(4, "little") + bytes(4)  # pid 0: us
+    header = LINUX_CAPABILITY_VERSION_3.to_bytes(4, sys.byteorder) + bytes(4)  # pid 0: us
     calls.capset(header, bytes(24))  # effective, permitted, inheritable: all zero
     calls.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     check_dropped()
