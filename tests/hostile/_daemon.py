@@ -24,7 +24,9 @@ from typing import Any
 import httpx
 import trio
 
+from rolloutd.sandbox._backend import first_child
 from rolloutd.sandbox._launcher import NAME as LAUNCHER
+from rolloutd.sandbox._layout import SOCKET_NAME
 from rolloutd.sandbox._limits import _own_cgroups
 from tests.sandbox.conftest import marked_pids as sandbox_pids
 
@@ -76,10 +78,12 @@ def is_spare(sandbox_dir: Path) -> bool:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             if f"\0{LAUNCHER}\0".encode() in f.read():
                 return True
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            helper = int(f.read().split()[0])
+        helper = first_child(pid)
+        if helper is None:
+            return False
         with open(f"/proc/{helper}/cmdline", "rb") as f:
-            return f.read().endswith(b"\0wait\0") and not (sandbox_dir / "c" / "h.sock").exists()
+            return f.read().endswith(b"\0wait\0") \
+                and not (sandbox_dir / "c" / SOCKET_NAME).exists()
     except (OSError, ValueError, IndexError):
         return False
 
